@@ -1,0 +1,44 @@
+# The two commands users need: `make demo` and `make test` (see README.md).
+# Everything installs itself: a venv with the Python deps, Go modules, the cached
+# control-plane build (~/.cache/warmwatch), the Go test client.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+DEMO_DIR ?= /tmp/warmwatch-demo
+
+.PHONY: test lint unit e2e demo demo-down binaries clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $@
+
+binaries: $(VENV)/.installed
+	$(PY) -m loadtest.cluster build
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+	cd tests/goclient && go vet ./... && go test ./...
+
+unit: $(VENV)/.installed
+	$(PY) -m pytest tests/unit
+
+e2e: binaries
+	$(PY) -m pytest tests/e2e
+
+# The test command: lint, unit tests, then the end-to-end suite against a real control plane.
+test: lint binaries
+	$(PY) -m pytest tests
+
+demo: binaries
+	$(PY) -m loadtest.demo --dir $(DEMO_DIR)
+
+demo-down: $(VENV)/.installed
+	$(PY) -m loadtest.cluster down --dir $(DEMO_DIR)
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

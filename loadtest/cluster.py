@@ -1,0 +1,402 @@
+"""A real local control plane: etcd, kube-apiserver and kube-controller-manager on loopback.
+
+    python -m loadtest.cluster up --dir DIR           # build (cached), start, wait for /readyz
+    python -m loadtest.cluster down --dir DIR         # stop everything, leave no process behind
+    python -m loadtest.cluster stop-apiserver --dir DIR
+    python -m loadtest.cluster start-apiserver --dir DIR
+    python -m loadtest.cluster status --dir DIR
+    python -m loadtest.cluster build                  # only build the binaries
+    python -m loadtest.cluster gen-gomod              # regenerate loadtest/k8sbuild/go.mod
+
+``up`` writes ``DIR/admin.kubeconfig`` (group system:masters) and ``DIR/restricted.kubeconfig``
+(authenticated, no RBAC grants). Ports, pids and paths live in ``DIR/state.json``; ``up`` on a DIR
+whose processes stopped restarts them on the same data and ports. kube-controller-manager runs the
+few controllers objects need without nodes (service accounts and their tokens, namespace
+deletion, garbage collection), so Pods can be created (they stay Pending: there is no kubelet).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import http.client
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from loadtest import building, pki
+
+READY_TIMEOUT = 90.0
+"""kube-apiserver needs ~5-15 s on 2 cores (post-start hooks, RBAC bootstrap); CI is slower."""
+
+STOP_TIMEOUT = 15.0
+"""SIGTERM first, so etcd and the apiserver shut down cleanly; SIGKILL after this."""
+
+ETCD_COMPACTION_INTERVAL = os.environ.get("WARMWATCH_ETCD_COMPACTION_INTERVAL", "5m")
+"""The apiserver compacts etcd this often (its default); fault tests shorten it."""
+
+
+def _say(message: str) -> None:
+    print(f"[cluster] {message}", file=sys.stderr, flush=True)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@dataclass(kw_only=True)
+class State:
+    """What ``up`` started, persisted in DIR/state.json so later commands find it."""
+
+    etcd_port: int
+    etcd_peer_port: int
+    apiserver_port: int
+    binaries: str
+    full: bool
+    pids: dict[str, int] = field(default_factory=dict)
+
+
+class ControlPlane:
+    """The processes of one control plane directory. Also the pytest fixtures' handle."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory.resolve()
+        self.pki = pki.Pki(directory=self.directory / "pki")
+        self.logs = self.directory / "logs"
+
+    # -- paths -----------------------------------------------------------------------------
+
+    @property
+    def admin_kubeconfig(self) -> Path:
+        return self.directory / "admin.kubeconfig"
+
+    @property
+    def restricted_kubeconfig(self) -> Path:
+        return self.directory / "restricted.kubeconfig"
+
+    @property
+    def state_file(self) -> Path:
+        return self.directory / "state.json"
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.state().apiserver_port}"
+
+    @property
+    def etcd_endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.state().etcd_port}"
+
+    def kubectl(self) -> Path:
+        return Path(self.state().binaries) / "kubectl"
+
+    def state(self) -> State:
+        return State(**json.loads(self.state_file.read_text()))
+
+    def _save(self, state: State) -> None:
+        self.state_file.write_text(json.dumps(asdict(state), indent=2))
+
+    # -- processes -------------------------------------------------------------------------
+
+    def _alive(self, pid: int | None) -> bool:
+        """True if ``pid`` runs and is one of ours (its command line names our directory)."""
+        if not pid:
+            return False
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return False
+        zombie = stat.rsplit(")", 1)[-1].split()[0] == "Z"
+        return not zombie and str(self.directory).encode() in cmdline
+
+    def _ours(self) -> Iterator[int]:
+        """Every live process whose command line names this directory (strays included)."""
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit() and int(entry.name) != os.getpid():
+                pid = int(entry.name)
+                try:
+                    argv0 = (entry / "cmdline").read_bytes().split(b"\0", 1)[0]
+                except OSError:
+                    continue
+                if Path(argv0.decode(errors="replace")).name in _PROCESS_NAMES and self._alive(pid):
+                    yield pid
+
+    def _spawn(self, name: str, argv: list[str]) -> int:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        with open(self.logs / f"{name}.log", "ab") as log:
+            process = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # outlives `up`; `down` stops it
+                cwd=self.directory,
+            )
+        return process.pid
+
+    def _stop(self, pid: int) -> None:
+        if not self._alive(pid):
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_TIMEOUT
+        while self._alive(pid) and time.monotonic() < deadline:
+            _reap(pid)
+            time.sleep(0.1)
+        if self._alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            while self._alive(pid):
+                _reap(pid)
+                time.sleep(0.05)
+        _reap(pid)
+
+    # -- components ------------------------------------------------------------------------
+
+    def _start_etcd(self, state: State) -> None:
+        if self._alive(state.pids.get("etcd")):
+            return
+        peer = f"http://127.0.0.1:{state.etcd_peer_port}"
+        client = f"http://127.0.0.1:{state.etcd_port}"
+        state.pids["etcd"] = self._spawn(
+            "etcd",
+            [
+                str(Path(state.binaries) / "etcd"),
+                "--name=default",
+                f"--data-dir={self.directory / 'etcd'}",
+                f"--listen-client-urls={client}",
+                f"--advertise-client-urls={client}",
+                f"--listen-peer-urls={peer}",
+                f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster=default={peer}",
+                "--listen-metrics-urls=",
+                "--quota-backend-bytes=8589934592",
+                # Tests create tens of thousands of objects; durability across an OS crash of
+                # the test machine is not something they need.
+                "--unsafe-no-fsync",
+                "--log-level=warn",
+            ],
+        )
+        self._save(state)
+        _wait_for(lambda: _tcp_open(state.etcd_port), what="etcd", timeout=30)
+
+    def _apiserver_argv(self, state: State) -> list[str]:
+        if not state.full:
+            return [
+                str(Path(state.binaries) / "apiextensions-apiserver"),
+                f"--etcd-servers=http://127.0.0.1:{state.etcd_port}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={state.apiserver_port}",
+                f"--tls-cert-file={self.pki.serving_cert}",
+                f"--tls-private-key-file={self.pki.serving_key}",
+                f"--client-ca-file={self.pki.ca_cert}",
+                "--authentication-skip-lookup",
+                "--authorization-always-allow-paths=/*",
+                f"--cert-dir={self.directory / 'pki'}",
+            ]
+        return [
+            str(Path(state.binaries) / "kube-apiserver"),
+            f"--etcd-servers=http://127.0.0.1:{state.etcd_port}",
+            f"--etcd-compaction-interval={ETCD_COMPACTION_INTERVAL}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={state.apiserver_port}",
+            f"--tls-cert-file={self.pki.serving_cert}",
+            f"--tls-private-key-file={self.pki.serving_key}",
+            f"--client-ca-file={self.pki.ca_cert}",
+            f"--service-account-key-file={self.pki.service_account_pub}",
+            f"--service-account-signing-key-file={self.pki.service_account_key}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            "--api-audiences=https://kubernetes.default.svc.cluster.local",
+            "--service-cluster-ip-range=10.0.0.0/24",
+            "--authorization-mode=RBAC",
+            "--endpoint-reconciler-type=none",
+            "--profiling=false",
+            # Load tests write thousands of objects a second from one identity.
+            "--max-requests-inflight=2000",
+            "--max-mutating-requests-inflight=1000",
+            f"--cert-dir={self.directory / 'pki'}",
+            "--v=1",
+        ]
+
+    def _start_apiserver(self, state: State) -> None:
+        if not self._alive(state.pids.get("kube-apiserver")):
+            state.pids["kube-apiserver"] = self._spawn("kube-apiserver", self._apiserver_argv(state))
+            self._save(state)
+        _wait_for(self._ready, what="kube-apiserver /readyz", timeout=READY_TIMEOUT,
+                  alive=lambda: self._alive(state.pids.get("kube-apiserver")),
+                  log=self.logs / "kube-apiserver.log")
+
+    def _start_controller_manager(self, state: State) -> None:
+        if not state.full or self._alive(state.pids.get("kube-controller-manager")):
+            return
+        state.pids["kube-controller-manager"] = self._spawn(
+            "kube-controller-manager",
+            [
+                str(Path(state.binaries) / "kube-controller-manager"),
+                f"--kubeconfig={self.admin_kubeconfig}",
+                "--controllers=serviceaccount,serviceaccount-token,namespace,garbagecollector",
+                f"--service-account-private-key-file={self.pki.service_account_key}",
+                f"--root-ca-file={self.pki.ca_cert}",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                "--secure-port=0",
+                "--kube-api-qps=200",
+                "--kube-api-burst=400",
+                "--v=1",
+            ],
+        )
+        self._save(state)
+
+    def _ready(self) -> bool:
+        context = ssl.create_default_context(cafile=str(self.pki.ca_cert))
+        admin = self.pki.identity("admin")
+        context.load_cert_chain(str(admin.certificate), str(admin.key))
+        connection = http.client.HTTPSConnection(
+            "127.0.0.1", self.state().apiserver_port, context=context, timeout=5
+        )
+        try:
+            connection.request("GET", "/readyz")
+            return connection.getresponse().status == 200
+        except OSError:
+            return False
+        finally:
+            connection.close()
+
+    # -- commands --------------------------------------------------------------------------
+
+    def up(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        binaries = building.ensure_binaries()
+        if self.state_file.exists():
+            state = self.state()
+            if not Path(state.binaries).exists():  # cache rebuilt elsewhere: same version
+                state.binaries = str(binaries.directory)
+        else:
+            state = State(
+                etcd_port=_free_port(),
+                etcd_peer_port=_free_port(),
+                apiserver_port=_free_port(),
+                binaries=str(binaries.directory),
+                full=binaries.full,
+            )
+            self._save(state)
+        pki.create(self.pki.directory)
+        server = f"https://127.0.0.1:{state.apiserver_port}"
+        pki.write_kubeconfig(path=self.admin_kubeconfig, pki=self.pki, identity="admin",
+                             server=server)
+        pki.write_kubeconfig(path=self.restricted_kubeconfig, pki=self.pki,
+                             identity="restricted", server=server)
+        started = time.monotonic()
+        try:
+            self._start_etcd(state)
+            self._start_apiserver(state)
+            self._start_controller_manager(state)
+        except BaseException:
+            self.down()
+            raise
+        _say(f"control plane ready at {server} in {time.monotonic() - started:.1f}s"
+             + ("" if state.full else " (FALLBACK: CRDs only, no core resources)"))
+
+    def stop_apiserver(self) -> None:
+        state = self.state()
+        for name in ("kube-controller-manager", "kube-apiserver"):
+            self._stop(state.pids.pop(name, 0))
+        self._save(state)
+
+    def start_apiserver(self) -> None:
+        state = self.state()
+        self._start_apiserver(state)
+        self._start_controller_manager(state)
+
+    def down(self) -> None:
+        if self.state_file.exists():
+            state = self.state()
+            for name in ("kube-controller-manager", "kube-apiserver", "etcd"):
+                self._stop(state.pids.pop(name, 0))
+            self._save(state)
+        for pid in list(self._ours()):  # strays from a crashed `up`
+            self._stop(pid)
+
+    def status(self) -> dict[str, bool]:
+        state = self.state()
+        return {name: self._alive(pid) for name, pid in state.pids.items()}
+
+
+_PROCESS_NAMES = {"etcd", "kube-apiserver", "kube-controller-manager", "apiextensions-apiserver"}
+
+
+def _reap(pid: int) -> None:
+    """Collect ``pid`` if it is our child (tests start the plane in-process)."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def _tcp_open(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.settimeout(1)
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _wait_for(
+    check: object,
+    *,
+    what: str,
+    timeout: float,
+    alive: object = None,
+    log: Path | None = None,
+) -> None:
+    assert callable(check)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        if callable(alive) and not alive():
+            tail = log.read_text(errors="replace")[-3000:] if log and log.exists() else ""
+            raise RuntimeError(f"{what}: process exited\n{tail}")
+        time.sleep(0.2)
+    raise TimeoutError(f"{what} not ready after {timeout:.0f}s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m loadtest.cluster", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name in ("up", "down", "stop-apiserver", "start-apiserver", "status"):
+        commands.add_parser(name).add_argument("--dir", required=True, type=Path)
+    commands.add_parser("build")
+    commands.add_parser("gen-gomod")
+    args = parser.parse_args(argv)
+    if args.command == "build":
+        print(building.ensure_binaries().directory)
+        return 0
+    if args.command == "gen-gomod":
+        building.generate_gomod()
+        return 0
+    plane = ControlPlane(args.dir)
+    if args.command == "up":
+        plane.up()
+        print(f"export KUBECONFIG={plane.admin_kubeconfig}")
+    elif args.command == "down":
+        plane.down()
+    elif args.command == "stop-apiserver":
+        plane.stop_apiserver()
+    elif args.command == "start-apiserver":
+        plane.start_apiserver()
+    elif args.command == "status":
+        print(json.dumps(plane.status()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

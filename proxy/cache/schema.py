@@ -1,0 +1,148 @@
+"""The SQLite schema, its version, and the pragmas every connection uses.
+
+One database file holds every shape. Tables:
+
+- ``shapes``: one row per upstream collection watch: identity, the RV reached, the RV the event
+  log starts at (a client can resume from any RV >= it), what kind of objects it holds.
+- ``objects``: current state per shape, keyed (shape, namespace, name); ``raw`` is the object's
+  JSON exactly as it is served (``kind`` and ``apiVersion`` included).
+- ``events``: the append-only log per shape, ordered by ``seq``. ``rv_order`` is the RV as an
+  integer where it is well-formed (KEP-5504), for resume look-ups. BOOKMARK rows are positions
+  only (never sent as events). ``prev_labels`` / ``prev_raw`` describe the previous state where
+  label-selector filtering needs it (``prev_raw`` only when the labels changed).
+- ``staging``: rows of a list in progress, committed in batches and made visible in the one
+  transaction that ends the list (initial fill or relist diff).
+- ``discovery``: discovery documents for an offline start.
+- ``meta``: the schema version. An unknown version is refused, never guessed at.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Final
+
+SCHEMA_VERSION: Final = 1
+
+PAGE_SIZE: Final = 16384
+"""Rows are ~2-5 KB: 16 KiB pages keep several per page and overflow chains rare."""
+
+BUSY_TIMEOUT_MS: Final = 10_000
+"""Readers and the writer share the file; a checkpoint may hold a lock briefly."""
+
+JOURNAL_SIZE_LIMIT: Final = 64 * 1024 * 1024
+"""A WAL file that a long list kept from being checkpointed is truncated back to this."""
+
+DDL: Final = """
+CREATE TABLE IF NOT EXISTS meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+) WITHOUT ROWID;
+
+CREATE TABLE IF NOT EXISTS shapes (
+    id            INTEGER PRIMARY KEY,
+    key           TEXT NOT NULL UNIQUE,
+    grp           TEXT NOT NULL,
+    version       TEXT NOT NULL,
+    resource      TEXT NOT NULL,
+    namespace     TEXT NOT NULL,            -- '' = all namespaces / cluster-scoped
+    label_selector TEXT NOT NULL,
+    field_selector TEXT NOT NULL,
+    configured    INTEGER NOT NULL,         -- 1 = from --resource, never dropped for disuse
+    kind          TEXT NOT NULL DEFAULT '',
+    api_version   TEXT NOT NULL DEFAULT '',
+    rv            TEXT,                     -- NULL until the first list completed
+    log_start_rv  TEXT,                     -- the log holds every change after this RV
+    last_seq      INTEGER NOT NULL DEFAULT 0,
+    created_at    REAL NOT NULL,
+    used_at       REAL NOT NULL,
+    listed_at     REAL
+);
+
+CREATE TABLE IF NOT EXISTS objects (
+    shape_id  INTEGER NOT NULL,
+    namespace TEXT NOT NULL,
+    name      TEXT NOT NULL,
+    uid       TEXT NOT NULL,
+    rv        TEXT NOT NULL,
+    labels    BLOB NOT NULL,                -- JSON object
+    raw       BLOB NOT NULL,
+    PRIMARY KEY (shape_id, namespace, name)
+) WITHOUT ROWID;
+
+CREATE TABLE IF NOT EXISTS events (
+    shape_id    INTEGER NOT NULL,
+    seq         INTEGER NOT NULL,
+    type        TEXT NOT NULL,              -- ADDED MODIFIED DELETED BOOKMARK
+    rv          TEXT NOT NULL,
+    rv_order    INTEGER,                    -- int(rv) when well-formed, else NULL
+    batch       INTEGER NOT NULL,           -- 1 = part of a relist diff (shares RVs)
+    namespace   TEXT NOT NULL,
+    name        TEXT NOT NULL,
+    labels      BLOB,
+    prev_labels BLOB,
+    prev_raw    BLOB,
+    raw         BLOB,
+    at          REAL NOT NULL,
+    PRIMARY KEY (shape_id, seq)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS events_by_rv ON events (shape_id, rv_order);
+
+CREATE TABLE IF NOT EXISTS staging (
+    shape_id  INTEGER NOT NULL,
+    namespace TEXT NOT NULL,
+    name      TEXT NOT NULL,
+    uid       TEXT NOT NULL,
+    rv        TEXT NOT NULL,
+    rv_order  INTEGER,
+    labels    BLOB NOT NULL,
+    raw       BLOB NOT NULL,
+    PRIMARY KEY (shape_id, namespace, name)
+) WITHOUT ROWID;
+
+CREATE TABLE IF NOT EXISTS discovery (
+    key       TEXT PRIMARY KEY,
+    status    INTEGER NOT NULL,
+    headers   BLOB NOT NULL,
+    body      BLOB NOT NULL,
+    etag      TEXT NOT NULL,
+    stored_at REAL NOT NULL
+) WITHOUT ROWID;
+"""
+
+
+class SchemaError(Exception):
+    """The file is not a warmwatch database of a version this build understands."""
+
+
+def configure(connection: sqlite3.Connection, *, synchronous: str) -> None:
+    """Pragmas for every connection (the page size only takes effect on a new file)."""
+    connection.execute(f"PRAGMA page_size = {PAGE_SIZE}")
+    connection.execute("PRAGMA journal_mode = WAL")
+    connection.execute(f"PRAGMA synchronous = {synchronous}")
+    connection.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    connection.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
+    connection.execute("PRAGMA temp_store = MEMORY")
+    connection.execute("PRAGMA cache_size = -16384")  # 16 MiB per connection, bounded
+
+
+def migrate(connection: sqlite3.Connection) -> None:
+    """Create the schema in a new file, or check the version of an existing one."""
+    tables = {
+        row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type='table'")
+    }
+    if tables and "meta" not in tables:
+        raise SchemaError(f"not a warmwatch database (tables: {sorted(tables)})")
+    if "meta" in tables:
+        row = connection.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        if row is None or row[0] != str(SCHEMA_VERSION):
+            found = row[0] if row else "none"
+            raise SchemaError(f"schema version {found}; this build reads {SCHEMA_VERSION}")
+    with connection:
+        connection.executescript(DDL)
+        connection.execute(
+            "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
+            (str(SCHEMA_VERSION),),
+        )
+    integrity = connection.execute("PRAGMA quick_check").fetchone()[0]
+    if integrity != "ok":
+        raise SchemaError(f"integrity check failed: {integrity}")

@@ -1,0 +1,116 @@
+"""Shapes: which upstream collection watch holds what, and which one serves a request.
+
+A shape is ``(group, version, resource, namespace or all, labelSelector, fieldSelector)``
+(DESIGN.md §2). A request is served by the shape equal to it, or by a broader shape (same
+resource, all namespaces or the same namespace, no selectors) with local filtering by namespace,
+label selector and the generic ``metadata.name`` / ``metadata.namespace`` fields. Anything else
+needs its own exact shape, so that the apiserver does the filtering and the transitions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from proxy.kube.resources import GroupVersionResource
+from proxy.kube.selectors import FieldSelector, LabelSelector
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ShapeKey:
+    """A shape's identity. Selectors are kept in canonical form, so equal shapes are equal."""
+
+    group: str
+    version: str
+    resource: str
+    namespace: str = ""
+    """'' = all namespaces (or a cluster-scoped resource)."""
+    label_selector: str = ""
+    field_selector: str = ""
+
+    @classmethod
+    def of(
+        cls,
+        gvr: GroupVersionResource,
+        *,
+        namespace: str | None = None,
+        label_selector: LabelSelector = LabelSelector.EVERYTHING,
+        field_selector: FieldSelector = FieldSelector.EVERYTHING,
+    ) -> ShapeKey:
+        return cls(group=gvr.group, version=gvr.version, resource=gvr.resource,
+                   namespace=namespace or "", label_selector=label_selector.canonical,
+                   field_selector=field_selector.canonical)
+
+    @property
+    def gvr(self) -> GroupVersionResource:
+        return GroupVersionResource(group=self.group, version=self.version,
+                                    resource=self.resource)
+
+    @property
+    def gvr_label(self) -> str:
+        """The ``resource`` metric label: ``v1/configmaps``, ``apps/v1/deployments``."""
+        return str(self.gvr)
+
+    @property
+    def identity(self) -> str:
+        """Stable text form, the ``shapes.key`` column."""
+        text = str(self.gvr)
+        if self.namespace:
+            text += f"@{self.namespace}"
+        if self.label_selector:
+            text += f"?labelSelector={self.label_selector}"
+        if self.field_selector:
+            text += f"{'&' if self.label_selector else '?'}fieldSelector={self.field_selector}"
+        return text
+
+    @property
+    def is_broad(self) -> bool:
+        """No selectors: it can serve narrower requests by filtering locally."""
+        return not self.label_selector and not self.field_selector
+
+    def __str__(self) -> str:
+        return self.identity
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Request:
+    """What a LIST/WATCH asks for, as far as choosing a shape goes."""
+
+    gvr: GroupVersionResource
+    namespace: str | None
+    label_selector: LabelSelector
+    field_selector: FieldSelector
+
+    @property
+    def exact_key(self) -> ShapeKey:
+        return ShapeKey.of(self.gvr, namespace=self.namespace,
+                           label_selector=self.label_selector,
+                           field_selector=self.field_selector)
+
+    def locally_filterable(self, *, namespaced: bool | None) -> bool:
+        """A broader shape can answer it: the field selector uses generic fields only."""
+        return self.field_selector.is_locally_servable(namespaced=namespaced)
+
+    def needs_filter(self, shape: ShapeKey) -> bool:
+        """Serving from ``shape`` needs local filtering (by namespace or selectors)."""
+        return shape != self.exact_key
+
+
+def choose(request: Request, shapes: Iterable[ShapeKey], *,
+           namespaced: bool | None) -> ShapeKey | None:
+    """The shape that serves ``request``: the exact one, else the narrowest broad one."""
+    candidates = set(shapes)
+    exact = request.exact_key
+    if exact in candidates:
+        return exact
+    if not request.locally_filterable(namespaced=namespaced):
+        return None
+    base = dict(group=request.gvr.group, version=request.gvr.version,
+                resource=request.gvr.resource)
+    if request.namespace:
+        in_namespace = ShapeKey(**base, namespace=request.namespace)
+        if in_namespace in candidates:
+            return in_namespace
+    everywhere = ShapeKey(**base)
+    return everywhere if everywhere in candidates else None
+

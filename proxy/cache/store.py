@@ -1,0 +1,443 @@
+"""The cache: one SQLite file, one writer, readers on their own connections.
+
+:class:`Store` is the async shell around ``writing`` (transactions) and ``broadcasting``
+(fan-out). The writer connection serialises every write; each write is one transaction and is
+published to watchers only after it committed. Readers take a consistent snapshot (a read
+transaction in WAL mode) so a LIST streams one RV's state however long it takes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiosqlite
+import orjson
+
+from proxy.cache import schema, writing
+from proxy.cache.broadcasting import RING_SIZE, ShapeLog
+from proxy.cache.records import Change, ChangeType, EventRecord, rv_order
+from proxy.cache.shapes import ShapeKey
+from proxy.kube import versions
+from proxy.kube.status import StatusError
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StoreSettings:
+    path: Path
+    synchronous: str = "NORMAL"
+    """NORMAL loses nothing committed on a process crash; FULL also survives power loss."""
+    retention_events: int = 200_000
+    """Log entries kept per shape. etcd compacts after ~5 minutes; this keeps hours of a busy
+    collection so a controller can resume a watch instead of relisting."""
+    retention_seconds: float = 24 * 3600.0
+    """Log entries older than this are dropped (the log starts after the newest dropped)."""
+    readers: int = 4
+    """Concurrent snapshot readers (LIST streams, initial watch state, log catch-up)."""
+    ring_size: int = RING_SIZE
+    """Newest log entries per shape kept in memory for watchers."""
+
+
+@dataclass(kw_only=True, eq=False)
+class Shape:
+    """A shape's state as the writer last committed it (mirrors its ``shapes`` row)."""
+
+    id: int
+    key: ShapeKey
+    configured: bool
+    kind: str
+    api_version: str
+    rv: str | None
+    log_start_rv: str | None
+    used_at: float
+    log: ShapeLog
+    filled: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def resource(self) -> str:
+        return self.key.gvr_label
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Snapshot:
+    """One consistent read of a shape: its RV, the log position of that state, and rows."""
+
+    rv: str
+    last_seq: int
+    kind: str
+    api_version: str
+    rows: AsyncIterator[list[tuple[str, str, bytes, bytes]]]
+    """Batches of (namespace, name, labels JSON, raw object JSON), ordered by key."""
+
+
+async def _on_thread(db: aiosqlite.Connection, function: Callable[..., T], **kwargs: Any) -> T:
+    """Run ``function(connection, **kwargs)`` on the connection's own thread.
+
+    aiosqlite runs every call on one thread per connection; a whole transaction is shipped there
+    in one hop rather than one await per statement. ``_execute``/``_conn`` are aiosqlite's own
+    entry points for this (stable across 0.17-0.22); this is the one place we use them.
+    """
+    return await db._execute(lambda: function(db._conn, **kwargs))  # type: ignore[no-any-return]
+
+
+class Store:
+    def __init__(self, *, settings: StoreSettings, writer: aiosqlite.Connection) -> None:
+        self.settings = settings
+        self._writer = writer
+        self._write_lock = asyncio.Lock()
+        self._readers: asyncio.Queue[aiosqlite.Connection] = asyncio.Queue()
+        self._reader_count = 0
+        self._reader_lock = asyncio.Lock()
+        self.shapes: dict[ShapeKey, Shape] = {}
+        self.storage_error: str | None = None
+        """The last write failure (disk full, I/O error), cleared by the next success."""
+
+    # -- opening ---------------------------------------------------------------------------
+
+    @classmethod
+    async def open(cls, settings: StoreSettings) -> Store:
+        """Open (or create) the database; a foreign or corrupted file is moved aside."""
+        settings.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            writer = await cls._connect(settings)
+            await _on_thread(writer, schema.migrate)
+        except (sqlite3.DatabaseError, schema.SchemaError) as error:
+            with contextlib.suppress(UnboundLocalError):
+                await writer.close()
+            aside = settings.path.with_name(f"{settings.path.name}.broken-{int(time.time())}")
+            logger.error("database %s unusable (%s); moved to %s, rebuilding from upstream",
+                         settings.path, error, aside)
+            for suffix in ("", "-wal", "-shm"):
+                source = Path(f"{settings.path}{suffix}")
+                if source.exists():
+                    source.rename(f"{aside}{suffix}")
+            writer = await cls._connect(settings)
+            await _on_thread(writer, schema.migrate)
+        await _on_thread(writer, _checkpoint)
+        store = cls(settings=settings, writer=writer)
+        for row in await _on_thread(writer, _load_shapes):
+            store._remember(row)
+        return store
+
+    @staticmethod
+    async def _connect(settings: StoreSettings) -> aiosqlite.Connection:
+        db = await aiosqlite.connect(settings.path, isolation_level="DEFERRED")
+        await _on_thread(db, schema.configure, synchronous=settings.synchronous)
+        return db
+
+    def _remember(self, row: sqlite3.Row | tuple[Any, ...]) -> Shape:
+        (id_, grp, version, resource, namespace, label_selector, field_selector, configured,
+         kind, api_version, rv, log_start_rv, last_seq, used_at) = row
+        key = ShapeKey(group=grp, version=version, resource=resource, namespace=namespace,
+                       label_selector=label_selector, field_selector=field_selector)
+        shape = Shape(id=id_, key=key, configured=bool(configured), kind=kind,
+                      api_version=api_version, rv=rv, log_start_rv=log_start_rv,
+                      used_at=used_at,
+                      log=ShapeLog(last_seq=last_seq, ring_size=self.settings.ring_size))
+        if rv is not None:
+            shape.filled.set()
+        self.shapes[key] = shape
+        return shape
+
+    async def close(self) -> None:
+        for shape in self.shapes.values():
+            shape.log.close()
+        while not self._readers.empty():
+            await self._readers.get_nowait().close()
+        async with self._write_lock:
+            await self._writer.close()
+
+    # -- writing ---------------------------------------------------------------------------
+
+    async def _write(self, function: Callable[..., T], **kwargs: Any) -> T:
+        async with self._write_lock:
+            try:
+                result = await _on_thread(self._writer, function, **kwargs)
+            except sqlite3.Error as error:
+                self.storage_error = f"{type(error).__name__}: {error}"
+                raise
+            self.storage_error = None
+            return result
+
+    async def ensure_shape(self, key: ShapeKey, *, configured: bool) -> Shape:
+        existing = self.shapes.get(key)
+        if existing is not None:
+            if configured and not existing.configured:
+                await self._write(_set_configured, shape_id=existing.id)
+                existing.configured = True
+            return existing
+        row = await self._write(_insert_shape, key=key, configured=configured)
+        return self._remember(row)
+
+    async def drop_shape(self, shape: Shape) -> None:
+        await self._write(_delete_shape, shape_id=shape.id)
+        self.shapes.pop(shape.key, None)
+        shape.log.close()
+
+    async def touch(self, shape: Shape) -> None:
+        """Mark the shape used (for dropping unused learned shapes); in memory, lazily saved."""
+        shape.used_at = time.time()
+
+    async def apply(self, shape: Shape, changes: Sequence[Change]) -> None:
+        """Commit upstream events, then publish them (never the other way round)."""
+        if not changes:
+            return
+        committed = await self._write(writing.apply_changes, shape_id=shape.id, changes=changes,
+                                      tail=self.settings.ring_size)
+        shape.rv = committed.rv
+        shape.log.publish(last_seq=committed.last_seq, records=committed.records)
+
+    async def stage(self, shape: Shape, objects: Sequence[Change]) -> None:
+        await self._write(writing.stage, shape_id=shape.id, objects=objects)
+
+    async def discard_staging(self, shape: Shape) -> None:
+        await self._write(writing.discard_staging, shape_id=shape.id)
+
+    async def finish_list(self, shape: Shape, *, rv: str, kind: str, api_version: str) -> int:
+        """Make a staged list visible (fill, or relist diff); returns events appended."""
+        committed = await self._write(writing.finish_list, shape_id=shape.id, rv=rv, kind=kind,
+                                      api_version=api_version, tail=self.settings.ring_size)
+        shape.rv, shape.kind, shape.api_version = rv, kind, api_version
+        if shape.log_start_rv is None:
+            shape.log_start_rv = rv
+        shape.log.publish(last_seq=committed.last_seq, records=committed.records)
+        shape.filled.set()
+        return committed.count - 1  # the list-RV bookmark is a position, not an event
+
+    async def trim(self) -> int:
+        """Apply log retention to every shape, then truncate the WAL."""
+        dropped = 0
+        for shape in list(self.shapes.values()):
+            dropped += await self._write(
+                writing.trim, shape_id=shape.id, max_events=self.settings.retention_events,
+                max_age=self.settings.retention_seconds)
+            row = await self._write(_shape_log_start, shape_id=shape.id)
+            shape.log_start_rv = row
+        if dropped:
+            await self._write(_checkpoint)
+        return dropped
+
+    async def save_usage(self) -> None:
+        await self._write(_save_usage, used={s.id: s.used_at for s in self.shapes.values()})
+
+    # -- discovery documents ----------------------------------------------------------------
+
+    async def get_document(self, key: str) -> tuple[int, bytes, bytes, str] | None:
+        async with self._reader() as db:
+            cursor = await db.execute(
+                "SELECT status, headers, body, etag FROM discovery WHERE key = ?", (key,))
+            row = await cursor.fetchone()
+        return (int(row[0]), bytes(row[1]), bytes(row[2]), str(row[3])) if row else None
+
+    async def put_document(self, key: str, *, status: int, headers: bytes, body: bytes,
+                           etag: str) -> None:
+        await self._write(_put_document, key=key, status=status, headers=headers, body=body,
+                          etag=etag)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _reader(self) -> AsyncIterator[aiosqlite.Connection]:
+        async with self._reader_lock:
+            if self._readers.empty() and self._reader_count < self.settings.readers:
+                self._reader_count += 1
+                db = await aiosqlite.connect(self.settings.path, isolation_level=None)
+                await _on_thread(db, schema.configure, synchronous=self.settings.synchronous)
+                self._readers.put_nowait(db)
+        db = await self._readers.get()
+        try:
+            yield db
+        finally:
+            if db.in_transaction:
+                await db.execute("ROLLBACK")
+            self._readers.put_nowait(db)
+
+    @contextlib.asynccontextmanager
+    async def snapshot(
+        self, shape: Shape, *, namespace: str | None = None, batch: int = 1000
+    ) -> AsyncIterator[Snapshot]:
+        """A consistent read of the shape's objects at its current RV (a read transaction)."""
+        async with self._reader() as db:
+            await db.execute("BEGIN")
+            cursor = await db.execute(
+                "SELECT rv, last_seq, kind, api_version FROM shapes WHERE id = ?", (shape.id,))
+            row = await cursor.fetchone()
+            if row is None or row[0] is None:
+                raise StatusError.service_unavailable(
+                    f"the cache of {shape.resource} is not filled yet")
+            if namespace:
+                query, params = ("SELECT namespace, name, labels, raw FROM objects "
+                                 "WHERE shape_id = ? AND namespace = ? ORDER BY namespace, name",
+                                 (shape.id, namespace))
+            else:
+                query, params = ("SELECT namespace, name, labels, raw FROM objects "
+                                 "WHERE shape_id = ? ORDER BY namespace, name", (shape.id,))
+            objects = await db.execute(query, params)
+
+            async def rows() -> AsyncIterator[list[tuple[str, str, bytes, bytes]]]:
+                while chunk := await objects.fetchmany(batch):
+                    yield chunk  # type: ignore[misc]
+
+            yield Snapshot(rv=row[0], last_seq=int(row[1]), kind=row[2], api_version=row[3],
+                           rows=rows())
+
+    async def read_events(self, shape: Shape, *, after: int, limit: int) -> list[EventRecord]:
+        """Committed log entries after seq ``after`` (from memory when the ring reaches)."""
+        in_memory = shape.log.read_after(after, limit=limit)
+        if in_memory is not None:
+            return in_memory
+        async with self._reader() as db:
+            cursor = await db.execute(
+                "SELECT seq, type, rv, batch, namespace, name, labels, prev_labels, prev_raw, "
+                "raw FROM events WHERE shape_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+                (shape.id, after, limit))
+            rows = await cursor.fetchall()
+        if rows and rows[0][0] != after + 1:
+            raise LogTrimmed(after)
+        return [EventRecord(seq=r[0], type=ChangeType(r[1]), rv=r[2], batch=bool(r[3]),
+                            namespace=r[4], name=r[5], labels=r[6], prev_labels=r[7],
+                            prev_raw=r[8], raw=r[9]) for r in rows]
+
+    async def position(self, shape: Shape, rv: str) -> int:
+        """The log position (a seq) a watch from ``rv`` starts after.
+
+        Raises ``StatusError`` 410 when ``rv`` is older than the log, and ``TooNew`` when the
+        cache has not reached ``rv`` yet. A client resuming from a relist RV is sent that
+        revision's synthesized events again (DESIGN.md §4).
+        """
+        assert shape.rv is not None and shape.log_start_rv is not None
+        async with self._reader() as db:
+            await db.execute("BEGIN")
+            cursor = await db.execute(
+                "SELECT rv, last_seq, log_start_rv FROM shapes WHERE id = ?", (shape.id,))
+            current_rv, last_seq, start_rv = await cursor.fetchone()  # type: ignore[misc]
+            order = rv_order(rv)
+            if order is not None and rv_order(start_rv) is not None:
+                if versions.compare(rv, start_rv) == -1:
+                    raise StatusError.too_old_resource_version(
+                        requested=rv, oldest_resumable=start_rv)
+                if versions.compare(rv, current_rv) == 1:
+                    raise TooNew(rv=rv, current=current_rv)
+                cursor = await db.execute(
+                    "SELECT min(seq) FROM events WHERE shape_id = ? AND (rv_order > ? OR "
+                    "(rv_order = ? AND batch = 1 AND EXISTS (SELECT 1 FROM events WHERE "
+                    "shape_id = ? AND rv_order = ? AND batch = 1 AND type = 'BOOKMARK')))",
+                    (shape.id, order, order, shape.id, order))
+                first = (await cursor.fetchone())[0]  # type: ignore[index]
+                return int(first) - 1 if first is not None else int(last_seq)
+            # Not comparable as integers: the RV must be a position in the log.
+            cursor = await db.execute(
+                "SELECT min(seq), max(seq), max(batch) FROM events WHERE shape_id = ? AND rv = ?",
+                (shape.id, rv))
+            low, high, batch = await cursor.fetchone()  # type: ignore[misc]
+            if low is None:
+                if rv == current_rv:
+                    return int(last_seq)
+                raise StatusError.too_old_resource_version(requested=rv,
+                                                           oldest_resumable=start_rv)
+            return int(low) - 1 if batch else int(high)
+
+    def size(self) -> tuple[int, int]:
+        """Database and WAL file sizes in bytes."""
+        sizes = []
+        for suffix in ("", "-wal"):
+            try:
+                sizes.append(os.path.getsize(f"{self.settings.path}{suffix}"))
+            except OSError:
+                sizes.append(0)
+        return sizes[0], sizes[1]
+
+
+class TooNew(Exception):  # noqa: N818 - a condition, not a failure
+    """The cache has not reached the requested RV (yet)."""
+
+    def __init__(self, *, rv: str, current: str) -> None:
+        super().__init__(f"resource version {rv} ahead of the cache at {current}")
+        self.rv = rv
+        self.current = current
+
+
+class LogTrimmed(Exception):  # noqa: N818
+    """A watcher's position fell out of the retained log while it lagged."""
+
+    def __init__(self, after: int) -> None:
+        super().__init__(f"log entries after seq {after} were trimmed")
+        self.after = after
+
+
+# -- small transactions (writer thread) ----------------------------------------------------
+
+_SHAPE_COLUMNS = ("id, grp, version, resource, namespace, label_selector, field_selector, "
+                  "configured, kind, api_version, rv, log_start_rv, last_seq, used_at")
+
+
+def _load_shapes(connection: sqlite3.Connection) -> list[tuple[Any, ...]]:
+    connection.execute("DELETE FROM staging")  # a list interrupted by a crash starts over
+    connection.commit()
+    return connection.execute(f"SELECT {_SHAPE_COLUMNS} FROM shapes ORDER BY id").fetchall()
+
+
+def _insert_shape(connection: sqlite3.Connection, *, key: ShapeKey,
+                  configured: bool) -> tuple[Any, ...]:
+    now = time.time()
+    with connection:
+        connection.execute(
+            "INSERT INTO shapes (key, grp, version, resource, namespace, label_selector, "
+            "field_selector, configured, created_at, used_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
+            (key.identity, key.group, key.version, key.resource, key.namespace,
+             key.label_selector, key.field_selector, int(configured), now, now))
+        row: tuple[Any, ...] = connection.execute(
+            f"SELECT {_SHAPE_COLUMNS} FROM shapes WHERE key = ?", (key.identity,)).fetchone()
+    return row
+
+
+def _set_configured(connection: sqlite3.Connection, *, shape_id: int) -> None:
+    with connection:
+        connection.execute("UPDATE shapes SET configured = 1 WHERE id = ?", (shape_id,))
+
+
+def _delete_shape(connection: sqlite3.Connection, *, shape_id: int) -> None:
+    with connection:
+        for table in ("objects", "events", "staging"):
+            connection.execute(f"DELETE FROM {table} WHERE shape_id = ?", (shape_id,))
+        connection.execute("DELETE FROM shapes WHERE id = ?", (shape_id,))
+
+
+def _shape_log_start(connection: sqlite3.Connection, *, shape_id: int) -> str | None:
+    row = connection.execute("SELECT log_start_rv FROM shapes WHERE id = ?",
+                             (shape_id,)).fetchone()
+    return row[0] if row else None
+
+
+def _save_usage(connection: sqlite3.Connection, *, used: dict[int, float]) -> None:
+    with connection:
+        connection.executemany("UPDATE shapes SET used_at = ? WHERE id = ?",
+                               ((at, shape_id) for shape_id, at in used.items()))
+
+
+def _put_document(connection: sqlite3.Connection, *, key: str, status: int, headers: bytes,
+                  body: bytes, etag: str) -> None:
+    with connection:
+        connection.execute(
+            "INSERT OR REPLACE INTO discovery (key, status, headers, body, etag, stored_at) "
+            "VALUES (?, ?, ?, ?, ?, ?)", (key, status, headers, body, etag, time.time()))
+
+
+def _checkpoint(connection: sqlite3.Connection) -> None:
+    connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+
+def encode_headers(headers: Sequence[tuple[str, str]]) -> bytes:
+    return orjson.dumps([list(h) for h in headers])

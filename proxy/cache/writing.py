@@ -1,0 +1,261 @@
+"""The writer's transactions: plain synchronous functions over one ``sqlite3.Connection``.
+
+Each public function is one transaction and keeps the invariant of DESIGN.md §3: a shape's
+objects, its events and its RV change together or not at all, so after any crash the cache is a
+consistent snapshot at an RV it had reached. They run on the single writer connection's thread
+(see ``store.Store``); tests call them directly on an in-memory database.
+
+Sequence numbers are assigned here, from the shape row, inside the transaction.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from proxy.cache.records import Change, ChangeType, EventRecord, rv_order, with_resource_version
+
+_INSERT_EVENT = """
+INSERT INTO events (shape_id, seq, type, rv, rv_order, batch, namespace, name,
+                    labels, prev_labels, prev_raw, raw, at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+"""
+_UPSERT_OBJECT = """
+INSERT OR REPLACE INTO objects (shape_id, namespace, name, uid, rv, labels, raw)
+VALUES (?, ?, ?, ?, ?, ?, ?)
+"""
+_DELETE_OBJECT = "DELETE FROM objects WHERE shape_id = ? AND namespace = ? AND name = ?"
+
+CHUNK = 2000
+"""Rows moved per executemany call: large enough to amortise, small enough to bound memory."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Committed:
+    """What one transaction appended: the new RV and last seq, and the tail of its records
+    (at most ``tail`` of them; watchers read older ones back from the log)."""
+
+    rv: str
+    last_seq: int
+    count: int
+    records: tuple[EventRecord, ...]
+
+
+def _last_seq(connection: sqlite3.Connection, shape_id: int) -> int:
+    row = connection.execute("SELECT last_seq FROM shapes WHERE id = ?", (shape_id,)).fetchone()
+    if row is None:
+        raise KeyError(f"shape {shape_id} does not exist")
+    return int(row[0])
+
+
+def _event_row(shape_id: int, record: EventRecord, now: float) -> tuple[object, ...]:
+    return (
+        shape_id, record.seq, record.type.value, record.rv, rv_order(record.rv),
+        int(record.batch), record.namespace, record.name, record.labels, record.prev_labels,
+        record.prev_raw, record.raw, now,
+    )
+
+
+def apply_changes(
+    connection: sqlite3.Connection,
+    *,
+    shape_id: int,
+    changes: Sequence[Change],
+    tail: int = CHUNK,
+) -> Committed:
+    """Apply upstream watch events (and bookmarks) to a shape in one transaction."""
+    now = time.time()
+    with connection:
+        seq = _last_seq(connection, shape_id)
+        previous: dict[tuple[str, str], tuple[bytes, bytes] | None] = {}
+        records: list[EventRecord] = []
+        upserts: list[tuple[object, ...]] = []
+        for change in changes:
+            seq += 1
+            if change.type is ChangeType.BOOKMARK:
+                records.append(_bookmark(seq, change.rv))
+                continue
+            key = (change.namespace, change.name)
+            if key not in previous:
+                row = connection.execute(
+                    "SELECT labels, raw FROM objects WHERE shape_id = ? AND namespace = ? "
+                    "AND name = ?", (shape_id, *key)).fetchone()
+                previous[key] = (bytes(row[0]), bytes(row[1])) if row else None
+            before = previous[key]
+            prev_labels = before[0] if before else None
+            labels_changed = before is not None and prev_labels != change.labels
+            records.append(EventRecord(
+                seq=seq, type=change.type, rv=change.rv, batch=False,
+                namespace=change.namespace, name=change.name, labels=change.labels,
+                prev_labels=prev_labels,
+                prev_raw=before[1] if labels_changed and before else None,
+                raw=change.raw,
+            ))
+            if change.type is ChangeType.DELETED:
+                previous[key] = None
+                connection.executemany(_UPSERT_OBJECT, upserts)  # keep the order of changes
+                upserts.clear()
+                connection.execute(_DELETE_OBJECT, (shape_id, *key))
+            else:
+                previous[key] = (change.labels, change.raw)
+                upserts.append((shape_id, change.namespace, change.name, change.uid, change.rv,
+                                change.labels, change.raw))
+                if len(upserts) >= CHUNK:
+                    connection.executemany(_UPSERT_OBJECT, upserts)
+                    upserts.clear()
+        connection.executemany(_UPSERT_OBJECT, upserts)
+        connection.executemany(_INSERT_EVENT, (_event_row(shape_id, r, now) for r in records))
+        rv = changes[-1].rv if changes else ""
+        if changes:
+            connection.execute("UPDATE shapes SET rv = ?, last_seq = ? WHERE id = ?",
+                               (rv, seq, shape_id))
+    return Committed(rv=rv, last_seq=seq, count=len(records), records=tuple(records[-tail:]))
+
+
+def _bookmark(seq: int, rv: str, *, batch: bool = False) -> EventRecord:
+    return EventRecord(seq=seq, type=ChangeType.BOOKMARK, rv=rv, batch=batch, namespace="",
+                       name="", labels=None, prev_labels=None, prev_raw=None, raw=None)
+
+
+def stage(connection: sqlite3.Connection, *, shape_id: int, objects: Iterable[Change]) -> None:
+    """Commit one batch of a list in progress; invisible to readers until ``finish_list``."""
+    with connection:
+        connection.executemany(
+            "INSERT OR REPLACE INTO staging (shape_id, namespace, name, uid, rv, rv_order, "
+            "labels, raw) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            ((shape_id, o.namespace, o.name, o.uid, o.rv, o.rv_order, o.labels, o.raw)
+             for o in objects),
+        )
+
+
+def discard_staging(connection: sqlite3.Connection, *, shape_id: int) -> None:
+    with connection:
+        connection.execute("DELETE FROM staging WHERE shape_id = ?", (shape_id,))
+
+
+def finish_list(
+    connection: sqlite3.Connection,
+    *,
+    shape_id: int,
+    rv: str,
+    kind: str,
+    api_version: str,
+    tail: int = CHUNK,
+) -> Committed:
+    """Make a completed list visible in one transaction.
+
+    First list of a shape: the staged objects become its state and its log starts at ``rv``.
+    Relist (after 410): the difference from the cached state is appended to the log as ordinary
+    events — ADDED/MODIFIED in object-RV order, then DELETED for what vanished, stamped with the
+    relist RV — so watching clients lose nothing, deletes included (DESIGN.md §4).
+    """
+    now = time.time()
+    with connection:
+        shape = connection.execute("SELECT rv, last_seq FROM shapes WHERE id = ?",
+                                   (shape_id,)).fetchone()
+        first_list = shape[0] is None
+        seq = int(shape[1])
+        records: list[EventRecord] = []
+        count = 0
+
+        def flush() -> None:
+            nonlocal records, count
+            connection.executemany(_INSERT_EVENT, (_event_row(shape_id, r, now) for r in records))
+            count += len(records)
+            records = records[-tail:]
+
+        if first_list:
+            connection.execute("DELETE FROM objects WHERE shape_id = ?", (shape_id,))
+            connection.execute(
+                "INSERT INTO objects (shape_id, namespace, name, uid, rv, labels, raw) "
+                "SELECT shape_id, namespace, name, uid, rv, labels, raw FROM staging "
+                "WHERE shape_id = ?", (shape_id,))
+        else:
+            changed = connection.execute(
+                "SELECT s.namespace, s.name, s.uid, s.rv, s.labels, s.raw, o.labels, o.raw "
+                "FROM staging s LEFT JOIN objects o ON o.shape_id = s.shape_id "
+                "AND o.namespace = s.namespace AND o.name = s.name "
+                "WHERE s.shape_id = ? AND (o.rv IS NULL OR o.rv != s.rv OR o.uid != s.uid) "
+                "ORDER BY s.rv_order, s.rv", (shape_id,))
+            upserts = []
+            for namespace, name, uid, obj_rv, labels, raw, old_labels, old_raw in changed:
+                seq += 1
+                labels_changed = old_labels is not None and bytes(old_labels) != bytes(labels)
+                records.append(EventRecord(
+                    seq=seq,
+                    type=ChangeType.ADDED if old_labels is None else ChangeType.MODIFIED,
+                    rv=obj_rv, batch=True, namespace=namespace, name=name,
+                    labels=bytes(labels),
+                    prev_labels=bytes(old_labels) if old_labels is not None else None,
+                    prev_raw=bytes(old_raw) if labels_changed else None,
+                    raw=bytes(raw),
+                ))
+                upserts.append((shape_id, namespace, name, uid, obj_rv, labels, raw))
+                if len(upserts) >= CHUNK:
+                    flush()
+                    connection.executemany(_UPSERT_OBJECT, upserts)
+                    upserts.clear()
+            vanished = connection.execute(
+                "SELECT o.namespace, o.name, o.labels, o.raw FROM objects o "
+                "LEFT JOIN staging s ON s.shape_id = o.shape_id AND s.namespace = o.namespace "
+                "AND s.name = o.name WHERE o.shape_id = ? AND s.name IS NULL "
+                "ORDER BY o.namespace, o.name", (shape_id,)).fetchall()
+            for namespace, name, labels, raw in vanished:
+                seq += 1
+                records.append(EventRecord(
+                    seq=seq, type=ChangeType.DELETED, rv=rv, batch=True, namespace=namespace,
+                    name=name, labels=bytes(labels), prev_labels=bytes(labels), prev_raw=None,
+                    raw=with_resource_version(bytes(raw), rv),
+                ))
+                if len(records) >= CHUNK:
+                    flush()
+            connection.executemany(_UPSERT_OBJECT, upserts)
+            connection.executemany(_DELETE_OBJECT,
+                                   ((shape_id, ns, name) for ns, name, _, _ in vanished))
+        # The list RV is a position in the log: a client holding it resumes right after it.
+        seq += 1
+        records.append(_bookmark(seq, rv, batch=not first_list))
+        flush()
+        connection.execute("DELETE FROM staging WHERE shape_id = ?", (shape_id,))
+        connection.execute(
+            "UPDATE shapes SET rv = ?, last_seq = ?, kind = ?, api_version = ?, listed_at = ?, "
+            "log_start_rv = COALESCE(log_start_rv, ?) WHERE id = ?",
+            (rv, seq, kind, api_version, now, rv, shape_id))
+    return Committed(rv=rv, last_seq=seq, count=count, records=tuple(records[-tail:]))
+
+
+def trim(
+    connection: sqlite3.Connection, *, shape_id: int, max_events: int, max_age: float
+) -> int:
+    """Drop log entries beyond the retention limits; returns how many were dropped.
+
+    The log then starts at the RV of the newest dropped entry. A cut never splits a relist
+    batch (its records share one RV, and a client at that RV is sent all of them again).
+    """
+    with connection:
+        last_seq = _last_seq(connection, shape_id)
+        cutoff = last_seq - max_events
+        aged = connection.execute(
+            "SELECT max(seq) FROM events WHERE shape_id = ? AND at < ?",
+            (shape_id, time.time() - max_age)).fetchone()[0]
+        if aged is not None:
+            cutoff = max(cutoff, int(aged))
+        if cutoff <= 0:
+            return 0
+        row = connection.execute(
+            "SELECT rv, batch FROM events WHERE shape_id = ? AND seq <= ? "
+            "ORDER BY seq DESC LIMIT 1", (shape_id, cutoff)).fetchone()
+        if row is None:
+            return 0
+        start_rv, batch = row
+        if batch:
+            cutoff = connection.execute(
+                "SELECT max(seq) FROM events WHERE shape_id = ? AND rv = ? AND batch = 1",
+                (shape_id, start_rv)).fetchone()[0]
+        dropped = connection.execute(
+            "DELETE FROM events WHERE shape_id = ? AND seq <= ?", (shape_id, cutoff)).rowcount
+        connection.execute("UPDATE shapes SET log_start_rv = ? WHERE id = ?",
+                           (start_rv, shape_id))
+    return int(dropped)

@@ -1,0 +1,315 @@
+"""The reflector: keeps one shape in step with the apiserver (DESIGN.md §4).
+
+- No RV yet: fill by WatchList (``sendInitialEvents=true``) where the apiserver supports it,
+  else by paginated LIST, staging page by page (bounded memory) and making the result visible
+  in one transaction.
+- Then watch from the shape's RV with bookmarks, committing each arriving chunk of events as
+  one transaction before anyone sees it. A normal end of the stream re-watches from the RV.
+- 410 (at request time or as an ERROR event): relist and append the difference to the log.
+- Other failures: capped jittered backoff, Retry-After honoured, the circuit breaker told.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from proxy.cache.records import Change, ChangeType, change_from_object
+from proxy.cache.store import Shape, Store
+from proxy.kube.payloads import INITIAL_EVENTS_END_ANNOTATION
+from proxy.metrics import Metrics
+from proxy.upstream.connecting import Upstream
+from proxy.upstream.errors import UpstreamError, UpstreamProtocolError, UpstreamStatusError
+from proxy.upstream.framing import event_object_bytes, line_batches
+from proxy.upstream.resilience import Backoff, CircuitBreaker, ListLimiter
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ReflectorSettings:
+    page_size: int = 500
+    """LIST page size when WatchList is not available (client-go's default)."""
+    watch_timeout_min: float = 300.0
+    """Upstream watches end after a random 5-10 minutes, as client-go's do, so a connection
+    that went silently bad is replaced and load balancers see fresh connections."""
+    watch_timeout_max: float = 600.0
+    stage_batch: int = 1000
+    """Objects committed per staging transaction during a fill."""
+    watch_list: bool = True
+    """Try WatchList first; falls back to LIST when the apiserver refuses it."""
+    healthy_after: float = 120.0
+    """A watch that lived this long resets the backoff (client-go: 2 minutes)."""
+
+
+class Refused(Exception):  # noqa: N818 - a terminal outcome, not a bug
+    """The apiserver refused the shape's first list (401, 403, 404): the shape is not kept."""
+
+    def __init__(self, error: UpstreamStatusError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class Expired(Exception):  # noqa: N818
+    """The watch's RV is gone upstream (410): relist."""
+
+
+REFUSED_CODES = frozenset({401, 403, 404})
+
+
+def _params(shape: Shape, **extra: str) -> dict[str, str]:
+    params = dict(extra)
+    if shape.key.label_selector:
+        params["labelSelector"] = shape.key.label_selector
+    if shape.key.field_selector:
+        params["fieldSelector"] = shape.key.field_selector
+    return params
+
+
+class Reflector:
+    def __init__(
+        self,
+        *,
+        shape: Shape,
+        store: Store,
+        upstream: Upstream,
+        settings: ReflectorSettings,
+        limiter: ListLimiter,
+        breaker: CircuitBreaker,
+        backoff: Backoff,
+        metrics: Metrics,
+    ) -> None:
+        self.shape = shape
+        self.store = store
+        self.upstream = upstream
+        self.settings = settings
+        self.limiter = limiter
+        self.breaker = breaker
+        self.backoff = backoff
+        self.metrics = metrics
+        self.watch_list = settings.watch_list
+        self.path = shape.key.gvr.collection_path(namespace=shape.key.namespace or None)
+        self.refused: Refused | None = None
+        self.lists = 0
+        """Upstream lists made by this reflector (fills and relists)."""
+
+    @property
+    def resource(self) -> str:
+        return self.shape.resource
+
+    async def run(self) -> None:
+        """Keep the shape in step until cancelled, or until its first list is refused."""
+        while True:
+            try:
+                if self.shape.rv is None:
+                    await self._list()
+                started = time.monotonic()
+                await self._watch()
+                if time.monotonic() - started > self.settings.healthy_after:
+                    self.backoff.reset()
+            except Expired:
+                self.metrics.upstream_relists.labels(resource=self.resource).inc()
+                await self._list()
+            except UpstreamStatusError as error:
+                if self.shape.rv is None and error.code in REFUSED_CODES:
+                    self.refused = Refused(error)
+                    self.shape.filled.set()  # wake waiters: they read .refused
+                    logger.warning("%s: upstream refused the list: %s", self.resource, error)
+                    return
+                await self._pause(error, retry_after=error.retry_after)
+            except (UpstreamError, OSError, ValueError) as error:
+                await self._pause(error, retry_after=None)
+
+    async def _pause(self, error: Exception, *, retry_after: float | None) -> None:
+        self.breaker.record_failure()
+        delay = self.backoff.next_delay()
+        if retry_after is not None:
+            delay = max(delay, retry_after)
+        logger.info("%s: %s; retrying in %.1fs", self.resource, error, delay)
+        await asyncio.sleep(delay)
+
+    # -- listing -----------------------------------------------------------------------------
+
+    async def _list(self) -> None:
+        """Fill (first time) or relist (after 410); a relist appends the diff to the log."""
+        async with self.limiter:
+            started = time.monotonic()
+            self.lists += 1
+            await self.store.discard_staging(self.shape)
+            if self.watch_list:
+                try:
+                    await self._watch_list()
+                    return
+                except UpstreamStatusError as error:
+                    if error.code in (400, 422):
+                        logger.info("%s: WatchList refused (%s); using LIST", self.resource,
+                                    error)
+                        self.watch_list = False
+                    else:
+                        raise
+                finally:
+                    self._observe_list(started, "watchlist")
+            try:
+                await self._paginated_list()
+            finally:
+                self._observe_list(started, "list")
+
+    def _observe_list(self, started: float, how: str) -> None:
+        self.metrics.list_duration.labels(resource=self.resource, source=f"upstream-{how}") \
+            .observe(time.monotonic() - started)
+
+    async def _paginated_list(self) -> None:
+        continue_token = ""
+        rv = kind = api_version = ""
+        while True:
+            params = _params(self.shape, limit=str(self.settings.page_size))
+            if continue_token:
+                params["continue"] = continue_token
+            page = await self.upstream.json_request("GET", self.path, params=params)
+            self.breaker.record_success()
+            metadata = page.get("metadata") or {}
+            if not continue_token:
+                rv = str(metadata.get("resourceVersion", ""))
+                list_kind = str(page.get("kind", ""))
+                kind = list_kind.removesuffix("List")
+                api_version = str(page.get("apiVersion", ""))
+            items = page.get("items") or []
+            await self.store.stage(self.shape, [
+                change_from_object(ChangeType.ADDED, _typed(item, kind, api_version))
+                for item in items
+            ])
+            continue_token = str(metadata.get("continue") or "")
+            if not continue_token:
+                break
+        if not rv or not kind:
+            raise UpstreamProtocolError(f"LIST of {self.path} without resourceVersion or kind")
+        await self._finish(rv=rv, kind=kind, api_version=api_version)
+
+    async def _finish(self, *, rv: str, kind: str, api_version: str) -> None:
+        appended = await self.store.finish_list(self.shape, rv=rv, kind=kind,
+                                                api_version=api_version)
+        logger.info("%s: listed at RV %s (%d events appended)", self.resource, rv, appended)
+        self.metrics.shape_rv.labels(resource=self.resource).set(_numeric(rv))
+
+    async def _watch_list(self) -> None:
+        """Fill by WatchList, then keep consuming the same stream as the watch."""
+        params = _params(self.shape, watch="1", sendInitialEvents="true",
+                         resourceVersionMatch="NotOlderThan", allowWatchBookmarks="true",
+                         timeoutSeconds=str(self._watch_timeout()))
+        staged: list[Change] = []
+        kind = api_version = ""
+        async with self.upstream.watch(self.path, params=params) as chunks:
+            self.breaker.record_success()
+            filling = True
+            async for lines in line_batches(chunks):
+                if not filling:
+                    await self._apply_lines(lines)
+                    continue
+                for index, line in enumerate(lines):
+                    event = _decode(line)
+                    kind_, obj = event["type"], event.get("object") or {}
+                    if kind_ == "ADDED":
+                        kind, api_version = obj.get("kind", kind), obj.get("apiVersion", "")
+                        staged.append(change_from_object(ChangeType.ADDED, obj,
+                                                         raw=event_object_bytes(line, event)))
+                        if len(staged) >= self.settings.stage_batch:
+                            await self.store.stage(self.shape, staged)
+                            staged = []
+                    elif kind_ == "BOOKMARK" and _ends_initial_events(obj):
+                        await self.store.stage(self.shape, staged)
+                        kind = kind or obj.get("kind", "")
+                        api_version = api_version or obj.get("apiVersion", "")
+                        rv = str(obj.get("metadata", {}).get("resourceVersion", ""))
+                        await self._finish(rv=rv, kind=kind, api_version=api_version)
+                        filling = False
+                        if rest := lines[index + 1:]:
+                            await self._apply_lines(rest)
+                        break
+                    elif kind_ == "ERROR":
+                        _raise_error(obj)
+            if filling:
+                raise UpstreamProtocolError("WatchList ended before its initial-events-end "
+                                            "bookmark")
+
+    # -- watching ----------------------------------------------------------------------------
+
+    def _watch_timeout(self) -> int:
+        return int(random.uniform(self.settings.watch_timeout_min,
+                                  self.settings.watch_timeout_max))
+
+    async def _watch(self) -> None:
+        assert self.shape.rv is not None
+        params = _params(self.shape, watch="1", resourceVersion=self.shape.rv,
+                         allowWatchBookmarks="true", timeoutSeconds=str(self._watch_timeout()))
+        try:
+            async with self.upstream.watch(self.path, params=params) as chunks:
+                self.breaker.record_success()
+                async for lines in line_batches(chunks):
+                    await self._apply_lines(lines)
+        except UpstreamStatusError as error:
+            if error.code == 410:
+                raise Expired from error
+            raise
+        self.metrics.watch_restarts.labels(resource=self.resource, reason="ended").inc()
+
+    async def _apply_lines(self, lines: list[bytes]) -> None:
+        """Commit one chunk's events as one transaction (then they are published)."""
+        changes: list[Change] = []
+        for line in lines:
+            event = _decode(line)
+            kind, obj = event["type"], event.get("object") or {}
+            if kind == "ERROR":
+                await self.store.apply(self.shape, changes)
+                _raise_error(obj)
+            if kind == "BOOKMARK":
+                rv = str(obj.get("metadata", {}).get("resourceVersion", ""))
+                if rv and rv != self.shape.rv:
+                    changes.append(Change(type=ChangeType.BOOKMARK, rv=rv))
+                continue
+            changes.append(change_from_object(ChangeType(kind), obj,
+                                              raw=event_object_bytes(line, event)))
+            self.metrics.events_in.labels(resource=self.resource, type=kind).inc()
+        await self.store.apply(self.shape, changes)
+        if changes:
+            self.metrics.shape_rv.labels(resource=self.resource).set(_numeric(changes[-1].rv))
+
+
+def _decode(line: bytes) -> dict[str, Any]:
+    event = orjson.loads(line)
+    if not isinstance(event, dict) or event.get("type") not in {
+        "ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"
+    }:
+        raise UpstreamProtocolError(f"not a watch event: {line[:200]!r}")
+    return event
+
+
+def _raise_error(status: Mapping[str, Any]) -> None:
+    code = int(status.get("code") or 500)
+    error = UpstreamStatusError(code=code, reason=str(status.get("reason", "")),
+                                message=str(status.get("message", "")), status=status)
+    if code == 410:
+        raise Expired from error
+    raise error
+
+
+def _ends_initial_events(obj: Mapping[str, Any]) -> bool:
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    return annotations.get(INITIAL_EVENTS_END_ANNOTATION) == "true"
+
+
+def _typed(item: dict[str, Any], kind: str, api_version: str) -> dict[str, Any]:
+    """List items of built-in types omit kind/apiVersion; watch events must carry them."""
+    if "kind" in item and "apiVersion" in item:
+        return item
+    return {"kind": kind, "apiVersion": api_version, **item}
+
+
+def _numeric(rv: str) -> float:
+    return float(rv) if rv.isdigit() else float("nan")

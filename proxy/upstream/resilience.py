@@ -1,0 +1,322 @@
+"""Backoff, Retry-After, circuit breaker and the limit on concurrent upstream lists.
+
+Pure logic: time comes from an injected clock and randomness from an injected source, so the
+tests run in microseconds. The only I/O is ``asyncio.sleep`` in :meth:`Backoff.sleep` and the
+waiting in :class:`ListLimiter`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Final
+
+from proxy.metrics import BreakerStateValue, Metrics
+
+__all__ = [
+    "Backoff",
+    "BackoffSettings",
+    "BreakerSettings",
+    "BreakerState",
+    "CircuitBreaker",
+    "ListLimiter",
+    "ListLimiterSettings",
+    "choose_delay",
+]
+
+Clock = Callable[[], float]
+RandomSource = Callable[[], float]
+
+
+# ---------------------------------------------------------------------------- backoff
+
+
+@dataclass(frozen=True, kw_only=True)
+class BackoffSettings:
+    """Capped exponential backoff with jitter: client-go's reflector values
+    (``wait.NewExponentialBackoffManager(800ms, 30s, 2min, 2.0, 1.0)``)."""
+
+    initial: float = 0.8
+    """First delay: client-go's reflector starts at 800 ms, short enough that a blip (an
+    apiserver rolling restart) costs under a second."""
+
+    cap: float = 30.0
+    """Largest base delay. With jitter 1.0 the delays settle in [30, 60) s: about 0.02 QPS per
+    reflector against an apiserver that is down, client-go's "~98 % traffic reduction"."""
+
+    factor: float = 2.0
+    """Growth per consecutive failure (0.8, 1.6, 3.2, ... 25.6, 30)."""
+
+    jitter: float = 1.0
+    """Each delay is ``base * (1 + jitter * random())``, i.e. in [base, 2 * base): thousands
+    of sidecars restarted together must not retry in lockstep."""
+
+    reset_after: float = 120.0
+    """A failure more than this long after the previous one starts again at ``initial``:
+    two minutes without backing off means the apiserver was healthy (client-go's rule)."""
+
+
+class Backoff:
+    """client-go's ``exponentialBackoffManagerImpl``: call :meth:`next_delay` (or
+    :meth:`sleep`) after each failure.
+
+    Not thread-safe; one per reflector, used from one task.
+    """
+
+    def __init__(
+        self,
+        settings: BackoffSettings | None = None,
+        *,
+        clock: Clock = time.monotonic,
+        random_source: RandomSource = random.random,
+    ) -> None:
+        self.settings: Final = settings or BackoffSettings()
+        self._clock = clock
+        self._random = random_source
+        self._base = self.settings.initial
+        self._last: float | None = None
+
+    def next_delay(self) -> float:
+        """The delay before the next attempt, advancing the sequence."""
+        s = self.settings
+        now = self._clock()
+        if self._last is not None and now - self._last > s.reset_after:
+            self._base = s.initial
+        self._last = now
+        base = self._base
+        self._base = min(self._base * s.factor, s.cap)
+        if s.jitter > 0:
+            return base + self._random() * s.jitter * base
+        return base
+
+    def reset(self) -> None:
+        """Forget past failures (e.g. after a watch delivered events)."""
+        self._base = self.settings.initial
+        self._last = None
+
+    async def sleep(self, *, retry_after: float | None = None) -> float:
+        """Sleep for :func:`choose_delay` of the next backoff and ``retry_after``; return
+        the delay slept."""
+        delay = choose_delay(backoff=self.next_delay(), retry_after=retry_after)
+        await asyncio.sleep(delay)
+        return delay
+
+
+def choose_delay(*, backoff: float, retry_after: float | None, limit: float | None = None) -> float:
+    """Honour ``Retry-After`` (429, 503, 504-too-large): wait at least what the apiserver
+    asked for, and never less than the backoff. ``limit`` caps an absurd Retry-After (the
+    backoff itself is never cut)."""
+    if retry_after is None or retry_after <= 0:
+        return backoff
+    if limit is not None:
+        retry_after = min(retry_after, limit)
+    return max(backoff, retry_after)
+
+
+# -------------------------------------------------------------------- circuit breaker
+
+
+class BreakerState(enum.Enum):
+    CLOSED = "closed"
+    HALF_OPEN = "half-open"
+    OPEN = "open"
+
+    @property
+    def gauge_value(self) -> BreakerStateValue:
+        return _GAUGE[self]
+
+
+_GAUGE: Final = {
+    BreakerState.CLOSED: BreakerStateValue.CLOSED,
+    BreakerState.HALF_OPEN: BreakerStateValue.HALF_OPEN,
+    BreakerState.OPEN: BreakerStateValue.OPEN,
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class BreakerSettings:
+    failure_threshold: int = 5
+    """Consecutive failures that open the breaker: more than a blip (a single dropped
+    connection, one apiserver replica restarting) but few enough that a down apiserver is
+    recognised within the first ~25 s of backoff."""
+
+    cool_down: float = 15.0
+    """Time the breaker stays open before letting one probe through. About the middle of the
+    backoff range, so a recovered apiserver is noticed quickly while a down one sees one
+    probe per cool-down instead of one request per caller."""
+
+    probe_timeout: float = 60.0
+    """A half-open probe that reports neither success nor failure within this time (its
+    caller was cancelled) is forgotten and another probe is allowed, so the breaker cannot
+    stick in half-open. The apiserver's own request timeout is 60 s."""
+
+
+class CircuitBreaker:
+    """closed → open after N consecutive failures → half-open after a cool-down (one probe
+    allowed) → closed after a success, or open again after a failure.
+
+    Callers ask :meth:`allow` before a request and report :meth:`record_success` or
+    :meth:`record_failure` after it. Only failures that mean "the apiserver is unhealthy"
+    should be recorded (unreachable, 5xx, 429) — a 404 or 403 is a healthy answer.
+
+    The state is mirrored in ``warmwatch_circuit_breaker_state{target}`` on every change.
+    The open → half-open transition happens when time has passed and someone looks
+    (:attr:`state` or :meth:`allow`), so the gauge may show "open" a little past the
+    cool-down while nobody asks.
+    """
+
+    def __init__(
+        self,
+        *,
+        target: str,
+        settings: BreakerSettings | None = None,
+        metrics: Metrics | None = None,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self.target: Final = target
+        self.settings: Final = settings or BreakerSettings()
+        self._metrics = metrics
+        self._clock = clock
+        self._state = BreakerState.CLOSED
+        self._failures = 0
+        self._opened_at = 0.0
+        self._probe_started: float | None = None
+        self._publish()
+
+    def __repr__(self) -> str:
+        return f"CircuitBreaker(target={self.target!r}, state={self.state.value})"
+
+    @property
+    def state(self) -> BreakerState:
+        if (
+            self._state is BreakerState.OPEN
+            and self._clock() - self._opened_at >= self.settings.cool_down
+        ):
+            self._set(BreakerState.HALF_OPEN)
+        return self._state
+
+    @property
+    def consecutive_failures(self) -> int:
+        return self._failures
+
+    def retry_in(self) -> float:
+        """Seconds until a request may be attempted (0 when :meth:`allow` would say yes
+        now, unless a probe is already in flight)."""
+        state = self.state
+        if state is BreakerState.OPEN:
+            return max(0.0, self._opened_at + self.settings.cool_down - self._clock())
+        if state is BreakerState.HALF_OPEN and self._probe_started is not None:
+            return max(0.0, self._probe_started + self.settings.probe_timeout - self._clock())
+        return 0.0
+
+    def allow(self) -> bool:
+        """May a request go upstream now? In half-open only one probe at a time does."""
+        state = self.state
+        if state is BreakerState.CLOSED:
+            return True
+        if state is BreakerState.OPEN:
+            return False
+        now = self._clock()
+        if (
+            self._probe_started is not None
+            and now - self._probe_started < self.settings.probe_timeout
+        ):
+            return False
+        self._probe_started = now
+        return True
+
+    def record_success(self) -> None:
+        self._failures = 0
+        self._probe_started = None
+        self._set(BreakerState.CLOSED)
+
+    def record_failure(self) -> None:
+        self._failures += 1
+        self._probe_started = None
+        state = self.state
+        if state is BreakerState.HALF_OPEN or (
+            state is BreakerState.CLOSED and self._failures >= self.settings.failure_threshold
+        ):
+            self._opened_at = self._clock()
+            self._set(BreakerState.OPEN)
+
+    def _set(self, state: BreakerState) -> None:
+        if state is not self._state:
+            self._state = state
+            self._publish()
+
+    def _publish(self) -> None:
+        if self._metrics is not None:
+            self._metrics.set_breaker_state(target=self.target, state=self._state.gauge_value)
+
+
+# ------------------------------------------------------------------------ list limiter
+
+
+@dataclass(frozen=True, kw_only=True)
+class ListLimiterSettings:
+    concurrent_lists: int = 3
+    """Upstream LISTs in flight at once. A cold start with dozens of shapes must not send
+    dozens of full lists to the apiserver together (each costs it memory proportional to the
+    collection and can trip its priority-and-fairness limits); three keep the fill fast
+    while a restart storm stays gentle."""
+
+
+class ListLimiter:
+    """An ``asyncio.Semaphore`` with visible ``waiting`` and ``active`` counts::
+
+        async with limiter:
+            ... list upstream ...
+    """
+
+    def __init__(self, settings: ListLimiterSettings | None = None) -> None:
+        self.settings: Final = settings or ListLimiterSettings()
+        if self.settings.concurrent_lists < 1:
+            raise ValueError("concurrent_lists must be at least 1")
+        self._semaphore = asyncio.Semaphore(self.settings.concurrent_lists)
+        self._waiting = 0
+        self._active = 0
+
+    @property
+    def limit(self) -> int:
+        return self.settings.concurrent_lists
+
+    @property
+    def waiting(self) -> int:
+        """Listers queued for a slot."""
+        return self._waiting
+
+    @property
+    def active(self) -> int:
+        """Listers holding a slot."""
+        return self._active
+
+    async def acquire(self) -> None:
+        self._waiting += 1
+        try:
+            await self._semaphore.acquire()
+        finally:
+            self._waiting -= 1
+        self._active += 1
+
+    def release(self) -> None:
+        if self._active <= 0:
+            raise RuntimeError("ListLimiter released more often than acquired")
+        self._active -= 1
+        self._semaphore.release()
+
+    async def __aenter__(self) -> None:
+        await self.acquire()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()

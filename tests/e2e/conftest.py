@@ -1,0 +1,140 @@
+"""Fixtures for end-to-end tests against a real etcd + kube-apiserver (loadtest.cluster).
+
+The control plane is session-scoped: started once (binaries cached in ~/.cache/warmwatch) and
+stopped at the end, also when tests fail. Set WARMWATCH_E2E_DIR to reuse a plane you started
+with `python -m loadtest.cluster up --dir DIR`; it is then left running. Tests isolate themselves
+by namespace (the ``namespace`` fixture) rather than by restarting the plane.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import subprocess
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client as k8s_client
+from kubernetes_asyncio import config as k8s_config
+
+from loadtest import kubeapi
+from loadtest.cluster import ControlPlane
+from tests.e2e import goclient
+
+pytestmark = pytest.mark.e2e
+
+Kubectl = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture(scope="session")
+def plane() -> Iterator[ControlPlane]:
+    reuse = os.environ.get("WARMWATCH_E2E_DIR")
+    if reuse:
+        existing = ControlPlane(Path(reuse))
+        existing.up()  # no-op when running; restarts stopped processes
+        yield existing
+        return
+    directory = Path(tempfile.mkdtemp(prefix="warmwatch-e2e-"))
+    started = ControlPlane(directory)
+    atexit.register(started.down)  # also on an interrupted session
+    try:
+        started.up()
+        yield started
+    finally:
+        started.down()
+
+
+@pytest.fixture(scope="session")
+def kubectl(plane: ControlPlane) -> Kubectl:
+    """Run the control plane's own kubectl (same release) as admin unless told otherwise."""
+
+    def run(
+        *args: str, kubeconfig: Path | None = None, check: bool = True, stdin: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [str(plane.kubectl()), f"--kubeconfig={kubeconfig or plane.admin_kubeconfig}", *args],
+            capture_output=True, text=True, input=stdin, timeout=120,
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr}")
+        return result
+
+    return run
+
+
+@pytest.fixture
+async def admin_api(plane: ControlPlane) -> AsyncIterator[kubeapi.RawClient]:
+    """Raw JSON client to the apiserver as admin, for setting the stage fast."""
+    async with kubeapi.RawClient(
+        base_url=plane.server, ssl_context=kubeapi.client_ssl(plane.pki, identity="admin")
+    ) as api:
+        yield api
+
+
+async def _api_client(kubeconfig: Path) -> k8s_client.ApiClient:
+    configuration = k8s_client.Configuration()
+    await k8s_config.load_kube_config(config_file=str(kubeconfig),
+                                      client_configuration=configuration)
+    return k8s_client.ApiClient(configuration)
+
+
+@pytest.fixture
+async def admin_client(plane: ControlPlane) -> AsyncIterator[k8s_client.ApiClient]:
+    """kubernetes-asyncio as admin."""
+    api = await _api_client(plane.admin_kubeconfig)
+    async with api:
+        yield api
+
+
+@pytest.fixture
+async def restricted_client(plane: ControlPlane) -> AsyncIterator[k8s_client.ApiClient]:
+    """kubernetes-asyncio as the restricted identity: authenticated, no RBAC grants."""
+    api = await _api_client(plane.restricted_kubeconfig)
+    async with api:
+        yield api
+
+
+@pytest.fixture
+async def namespace(admin_api: kubeapi.RawClient) -> str:
+    """A fresh namespace per test, so tests never see each other's objects."""
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    await kubeapi.ensure_namespace(admin_api, name)
+    return name
+
+
+CreateMany = Callable[..., Awaitable[list[dict[str, Any]]]]
+
+
+@pytest.fixture
+def create_many(admin_api: kubeapi.RawClient) -> CreateMany:
+    """``await create_many(namespace=..., count=...)``: ConfigMaps created concurrently."""
+
+    async def create(*, namespace: str, count: int, **options: Any) -> list[dict[str, Any]]:
+        return await kubeapi.create_configmaps(admin_api, namespace=namespace, count=count,
+                                               **options)
+
+    return create
+
+
+@pytest.fixture(scope="session")
+def goclient_binary() -> Path:
+    return goclient.build()
+
+
+@pytest.fixture
+def start_goclient(goclient_binary: Path) -> Iterator[Callable[..., goclient.GoClient]]:
+    """Start Go informer programs; all are stopped at the end of the test."""
+    started: list[goclient.GoClient] = []
+
+    def start(**options: Any) -> goclient.GoClient:
+        client = goclient.GoClient.start(goclient_binary, **options)
+        started.append(client)
+        return client
+
+    yield start
+    for client in started:
+        client.stop()

@@ -1,0 +1,133 @@
+"""Build and drive the Go informer program in tests/goclient ("the existing controller").
+
+The binary is cached under ~/.cache/warmwatch/goclient-<hash of its sources>, so a second run of
+the suite does not rebuild it. The program prints JSON lines (see tests/goclient/README.md); the
+runner collects them on a thread so tests can wait for "synced", events or a digest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from loadtest.building import cache_root
+
+SOURCE = Path(__file__).resolve().parents[1] / "goclient"
+
+
+def build() -> Path:
+    digest = hashlib.sha256()
+    for path in sorted(SOURCE.rglob("*")):
+        if path.is_file() and path.suffix in {".go", ".mod", ".sum"}:
+            digest.update(path.relative_to(SOURCE).as_posix().encode())
+            digest.update(path.read_bytes())
+    binary = cache_root() / f"goclient-{digest.hexdigest()[:16]}" / "goclient"
+    if not binary.exists():
+        binary.parent.mkdir(parents=True, exist_ok=True)
+        partial = binary.with_name("goclient.partial")
+        subprocess.run(
+            ["go", "build", "-trimpath", "-o", str(partial), "."],
+            cwd=SOURCE, check=True, env=os.environ | {"CGO_ENABLED": "0"},
+        )
+        partial.rename(binary)
+    return binary
+
+
+@dataclass
+class GoClient:
+    """One running informer program; ``lines`` grows as it prints."""
+
+    process: subprocess.Popen[str]
+    lines: list[dict[str, Any]] = field(default_factory=list)
+    condition: threading.Condition = field(default_factory=threading.Condition)
+
+    @classmethod
+    def start(
+        cls,
+        binary: Path,
+        *,
+        kubeconfig: Path,
+        resources: Sequence[str],
+        watch_list: bool | None = None,
+        mode: str = "informer",
+        extra: Sequence[str] = (),
+    ) -> GoClient:
+        env = dict(os.environ)
+        env.pop("KUBE_FEATURE_WatchListClient", None)
+        if watch_list is not None:
+            env["KUBE_FEATURE_WatchListClient"] = "true" if watch_list else "false"
+        argv = [str(binary), f"--kubeconfig={kubeconfig}", f"--mode={mode}", *extra]
+        argv += [f"--resource={r}" for r in resources]
+        process = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            text=True, env=env,
+        )
+        client = cls(process=process)
+        threading.Thread(target=client._read, daemon=True, name="goclient-reader").start()
+        return client
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for raw in self.process.stdout:
+            line = json.loads(raw)
+            with self.condition:
+                self.lines.append(line)
+                self.condition.notify_all()
+        with self.condition:
+            self.condition.notify_all()
+
+    def wait_for(
+        self, predicate: Callable[[list[dict[str, Any]]], bool], *, timeout: float = 60
+    ) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        with self.condition:
+            while not predicate(self.lines):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"goclient: condition not met; last lines {self.lines[-5:]}")
+                if self.process.poll() is not None and not predicate(self.lines):
+                    raise RuntimeError(f"goclient exited {self.process.returncode}: "
+                                       f"{self.lines[-5:]}")
+                self.condition.wait(min(remaining, 0.5))
+            return list(self.lines)
+
+    def wait_synced(self, count: int = 1, *, timeout: float = 120) -> list[dict[str, Any]]:
+        lines = self.wait_for(
+            lambda ls: sum(1 for x in ls if x["kind"] == "synced") >= count, timeout=timeout
+        )
+        return [x for x in lines if x["kind"] == "synced"]
+
+    def events(self) -> list[dict[str, Any]]:
+        with self.condition:
+            return [x for x in self.lines if x["kind"] == "event"]
+
+    def digest(self, *, timeout: float = 60) -> dict[str, dict[str, Any]]:
+        """Ask for a digest now (the program keeps running); one entry per resource."""
+        with self.condition:
+            seen = len(self.lines)
+        assert self.process.stdin is not None
+        self.process.stdin.write("digest\n")
+        self.process.stdin.flush()
+        synced = {x["resource"] for x in self.lines if x["kind"] == "synced"}
+        lines = self.wait_for(
+            lambda ls: {x["resource"] for x in ls[seen:] if x["kind"] == "digest"} >= synced,
+            timeout=timeout,
+        )
+        return {x["resource"]: x for x in lines[seen:] if x["kind"] == "digest"}
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
