@@ -119,6 +119,9 @@ class Metrics:
     (``metrics.events_in.labels(resource="configmaps", type="ADDED").inc()``).
     """
 
+    content_type: Final = CONTENT_TYPE_LATEST
+    """Content type of :meth:`exposition`."""
+
     def __init__(self) -> None:
         self.registry: Final = CollectorRegistry(auto_describe=True)
         r = self.registry
@@ -130,7 +133,7 @@ class Metrics:
             ("resource", "shape"),
             registry=r,
         )
-        self.shape_resource_version: Final = Gauge(
+        self.shape_rv: Final = Gauge(
             f"{PREFIX}shape_resource_version",
             "resourceVersion the shape's cache has reached (NaN when not a well-formed integer).",
             ("resource", "shape"),
@@ -162,7 +165,7 @@ class Metrics:
             ("resource",),
             registry=r,
         )
-        self.upstream_watch_restarts: Final = Counter(
+        self.watch_restarts: Final = Counter(
             f"{PREFIX}upstream_watch_restarts",
             "Upstream watches re-established, by reason (timeout, expired, error, ...).",
             ("resource", "reason"),
@@ -241,24 +244,19 @@ class Metrics:
         a dashboard but means this gauge must never be read back as an RV.
         """
         value = float(int(rv)) if _WELL_FORMED_RV.fullmatch(rv) else math.nan
-        self.shape_resource_version.labels(resource=resource, shape=shape).set(value)
+        self.shape_rv.labels(resource=resource, shape=shape).set(value)
 
     def set_breaker_state(self, *, target: str, state: BreakerStateValue | int) -> None:
         self.circuit_breaker_state.labels(target=target).set(int(state))
 
     def forget_shape(self, *, resource: str, shape: str) -> None:
         """Drop the per-shape series of a shape that is no longer cached."""
-        for gauge in (self.shape_objects, self.shape_resource_version):
-            try:
-                gauge.remove(resource, shape)
-            except KeyError:
-                pass
+        for gauge in (self.shape_objects, self.shape_rv):
+            gauge.remove(resource, shape)  # a no-op for series never recorded
 
     def exposition(self) -> bytes:
         """The text exposition for ``/metrics``; serve it with :attr:`content_type`."""
-        return generate_latest(self.registry)  # type: ignore[no-any-return]
-
-    content_type: Final = CONTENT_TYPE_LATEST
+        return generate_latest(self.registry)
 
     def value(self, name: str, labels: dict[str, str] | None = None) -> float | None:
         """The current value of one sample, e.g. ``value("warmwatch_events_out_total",

@@ -89,7 +89,7 @@ async def _on_thread(db: aiosqlite.Connection, function: Callable[..., T], **kwa
     in one hop rather than one await per statement. ``_execute``/``_conn`` are aiosqlite's own
     entry points for this (stable across 0.17-0.22); this is the one place we use them.
     """
-    return await db._execute(lambda: function(db._conn, **kwargs))  # type: ignore[no-any-return]
+    return await db._execute(lambda: function(db._conn, **kwargs))  # type: ignore[no-any-return,no-untyped-call]
 
 
 class Store:
@@ -277,6 +277,7 @@ class Store:
             if row is None or row[0] is None:
                 raise StatusError.service_unavailable(
                     f"the cache of {shape.resource} is not filled yet")
+            params: tuple[object, ...]
             if namespace:
                 query, params = ("SELECT namespace, name, labels, raw FROM objects "
                                  "WHERE shape_id = ? AND namespace = ? ORDER BY namespace, name",
@@ -304,6 +305,7 @@ class Store:
                 "raw FROM events WHERE shape_id = ? AND seq > ? ORDER BY seq LIMIT ?",
                 (shape.id, after, limit))
             rows = await cursor.fetchall()
+        rows = list(rows)
         if rows and rows[0][0] != after + 1:
             raise LogTrimmed(after)
         return [EventRecord(seq=r[0], type=ChangeType(r[1]), rv=r[2], batch=bool(r[3]),

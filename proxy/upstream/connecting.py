@@ -61,6 +61,7 @@ __all__ = [
     "Body",
     "ConnectionSettings",
     "Credentials",
+    "Params",
     "Target",
     "Upstream",
     "connect",
@@ -71,9 +72,12 @@ logger = logging.getLogger(__name__)
 #: Whose credentials a request carries: the sidecar's own, or the client's (forwarded as is).
 Credentials = Literal["sidecar", "client"]
 
+#: Query parameters, percent-encoded by the upstream layer.
+Params = Mapping[str, str] | Sequence[tuple[str, str]]
+
 #: A path with its encoded query (``/api/v1/pods?limit=500``), or a path and parameters that
 #: are encoded here.
-Target = str | tuple[str, Mapping[str, str] | Sequence[tuple[str, str]]]
+Target = str | tuple[str, Params]
 
 #: A request body: all at once, or streamed chunk by chunk.
 Body = bytes | AsyncIterable[bytes]
@@ -104,6 +108,11 @@ class ConnectionSettings:
     """Read-idle limit for watches and other streams (no total limit). None: none by
     default, because a watch without bookmarks may legitimately be silent for its whole
     ``timeoutSeconds``; reflectors pass their own (timeoutSeconds plus slack)."""
+
+    watch_deadline_slack: float = 30.0
+    """Added to a watch's ``timeoutSeconds`` to give its total limit: the apiserver ends the
+    watch itself at ``timeoutSeconds``, so one still open 30 s later is on a dead connection
+    (HTTP/1.1 has no pings to notice that sooner)."""
 
     connection_limit: int = 100
     """Concurrent connections per session, as kubernetes_asyncio's ``connection_pool_maxsize``.
@@ -194,7 +203,9 @@ class _Auth:
                         # Re-runs the plugin only when its expiry is within 5 minutes.
                         await loader.load_from_exec_plugin()
                     except Exception as error:
-                        raise UpstreamAuthError(f"exec credential plugin failed: {error}") from error
+                        raise UpstreamAuthError(
+                            f"exec credential plugin failed: {error}"
+                        ) from error
                     self._store_token(loader)
             elif self._uses_token_file:
                 now = self._clock()
@@ -202,7 +213,9 @@ class _Auth:
                     try:
                         loader._load_user_token()
                     except Exception as error:
-                        raise UpstreamAuthError(f"cannot re-read the token file: {error}") from error
+                        raise UpstreamAuthError(
+                            f"cannot re-read the token file: {error}"
+                        ) from error
                     self._token_file_read_at = now
                     self._store_token(loader)
             self._invalidated = False
@@ -271,18 +284,17 @@ class Upstream:
             self._anonymous_session = self._new_session(self._anonymous_ssl)
         return self._anonymous_session
 
-    def url(self, target: Target) -> yarl.URL:
+    def url(self, target: Target, *, params: Params | None = None) -> yarl.URL:
         """The absolute URL of a target. A string target is taken as already encoded and
-        sent byte for byte (passthrough must not re-encode a client's path or query)."""
+        sent byte for byte (passthrough must not re-encode a client's path or query);
+        ``params`` (or the second half of a tuple target) are percent-encoded and appended."""
         if isinstance(target, str):
             path_and_query = target
         else:
-            path, params = target
-            query = urllib.parse.urlencode(
-                list(params.items()) if isinstance(params, Mapping) else list(params),
-                quote_via=urllib.parse.quote,
-            )
-            path_and_query = f"{path}?{query}" if query else path
+            path_and_query, tuple_params = target
+            path_and_query = _append_query(path_and_query, tuple_params)
+        if params is not None:
+            path_and_query = _append_query(path_and_query, params)
         if not path_and_query.startswith("/"):
             raise ValueError(f"request target must start with '/': {path_and_query!r}")
         return yarl.URL(self.base_url + path_and_query, encoded=True)
@@ -291,14 +303,18 @@ class Upstream:
         """The sidecar's current ``Authorization`` header value (refreshed when due)."""
         return await self._auth.header()
 
-    def _timeout(self, *, stream: bool, timeout: float | None) -> aiohttp.ClientTimeout:
+    def _timeout(
+        self, *, stream: bool, timeout: float | None, deadline: float | None = None
+    ) -> aiohttp.ClientTimeout:
         def finite(value: float | None) -> float | None:
             return None if value is None or math.isinf(value) else value
 
         connect = self.settings.connect_timeout
         if stream:
             idle = self.settings.stream_idle_timeout if timeout is None else timeout
-            return aiohttp.ClientTimeout(total=None, sock_connect=connect, sock_read=finite(idle))
+            return aiohttp.ClientTimeout(
+                total=finite(deadline), sock_connect=connect, sock_read=finite(idle)
+            )
         total = self.settings.request_timeout if timeout is None else timeout
         return aiohttp.ClientTimeout(total=finite(total), sock_connect=connect)
 
@@ -319,9 +335,10 @@ class Upstream:
         method: str,
         target: Target,
         *,
+        params: Params | None = None,
         headers: Mapping[str, str] | None = None,
         data: Body | None = None,
-        timeout: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - per-socket, see below
         stream: bool = False,
         credentials: Credentials = "sidecar",
         verb: str | None = None,
@@ -332,7 +349,8 @@ class Upstream:
         - ``timeout``: for ``stream=False`` the total time including the body (default
           ``request_timeout``); for ``stream=True`` (watches, logs, any long stream) the
           read-idle time between chunks (default ``stream_idle_timeout``), with no total.
-          ``math.inf`` disables it. The connect timeout always applies.
+          ``math.inf`` disables it. The connect timeout always applies. (An idle-read limit
+          cannot be expressed with ``asyncio.timeout`` around the call, hence the parameter.)
         - ``credentials``: ``"sidecar"`` replaces any ``Authorization`` in ``headers`` with
           the sidecar's own; ``"client"`` sends ``headers`` as given, over a session without
           the sidecar's client certificate.
@@ -343,20 +361,46 @@ class Upstream:
 
         Any status is yielded (check ``response.status``). A failure to connect or to get an
         answer raises :class:`UpstreamUnavailable`; so does an aiohttp transport error, or a
-        ``TimeoutError``, raised while the body is read inside the ``async with`` block. A 401
-        answer to the sidecar's credentials makes the next request refresh them.
+        ``TimeoutError``, raised while the body is read inside the ``async with`` block (so
+        put your own ``asyncio.timeout`` around the block, not inside it). A 401 answer to
+        the sidecar's credentials makes the next request refresh them.
         """
-        label = (verb or method).upper()
+        async with self._open(
+            method,
+            self.url(target, params=params),
+            headers=headers,
+            data=data,
+            client_timeout=self._timeout(stream=stream, timeout=timeout),
+            credentials=credentials,
+            verb=verb or method,
+            raw=raw,
+        ) as response:
+            yield response
+
+    @contextlib.asynccontextmanager
+    async def _open(
+        self,
+        method: str,
+        url: yarl.URL,
+        *,
+        headers: Mapping[str, str] | None,
+        data: Body | None,
+        client_timeout: aiohttp.ClientTimeout,
+        credentials: Credentials,
+        verb: str,
+        raw: bool,
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        label = verb.upper()
         session = self._session(credentials)
         request_headers = await self._headers(headers, credentials=credentials)
         skip: tuple[str, ...] = ("User-Agent", "Accept-Encoding", "Content-Type") if raw else ()
         try:
             response_cm = session.request(
                 method,
-                self.url(target),
+                url,
                 headers=request_headers,
                 data=data,
-                timeout=self._timeout(stream=stream, timeout=timeout),
+                timeout=client_timeout,
                 allow_redirects=False,
                 auto_decompress=not raw,
                 skip_auto_headers=skip,
@@ -377,7 +421,8 @@ class Upstream:
                 raise  # raised by the caller (raise_for_status), not a transport failure
             raise UpstreamUnavailable(_describe(error, self.base_url)) from error
         finally:
-            # Releases (or, with an unread body, closes) the connection.
+            # Releases the connection to the pool, or closes it when the body was not
+            # read to the end (a watch left early must not be reused).
             await response_cm.__aexit__(None, None, None)
 
     async def json_request(
@@ -385,18 +430,20 @@ class Upstream:
         method: str,
         target: Target,
         *,
+        params: Params | None = None,
         headers: Mapping[str, str] | None = None,
         data: bytes | None = None,
         json: Any = None,
-        timeout: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - aiohttp's total, see request()
         credentials: Credentials = "sidecar",
         verb: str | None = None,
     ) -> dict[str, Any]:
         """A request whose answer is one JSON object; return it decoded.
 
-        ``json`` is encoded with orjson and sent as ``application/json`` (or give ``data``).
-        Codes >= 400 raise :class:`UpstreamStatusError` with the apiserver's Status; a
-        success whose body is not a JSON object raises :class:`UpstreamProtocolError`.
+        ``json`` is encoded with orjson and sent as ``application/json`` (or give ``data``
+        and its ``Content-Type``). Codes >= 400 raise :class:`UpstreamStatusError` with the
+        apiserver's Status; a success whose body is not a JSON object raises
+        :class:`UpstreamProtocolError`.
         """
         request_headers: CIMultiDict[str] = CIMultiDict(headers or {})
         request_headers.setdefault("Accept", "application/json")
@@ -408,6 +455,7 @@ class Upstream:
         async with self.request(
             method,
             target,
+            params=params,
             headers=request_headers,
             data=data,
             timeout=timeout,
@@ -415,21 +463,66 @@ class Upstream:
             verb=verb,
         ) as response:
             body = await response.read()
-            if response.status >= 400:
+            status = response.status
+            if status >= 400:
                 raise UpstreamStatusError.from_response(
-                    code=response.status, body=body, headers=response.headers
+                    code=status, body=body, headers=response.headers
                 )
         try:
             decoded = orjson.loads(body)
         except orjson.JSONDecodeError as error:
             raise UpstreamProtocolError(
-                f"{method} {target!r}: answer {response.status} is not JSON: {error}"
+                f"{method} {target!r}: answer {status} is not JSON: {error}"
             ) from error
         if not isinstance(decoded, dict):
             raise UpstreamProtocolError(
-                f"{method} {target!r}: answer {response.status} is not a JSON object"
+                f"{method} {target!r}: answer {status} is not a JSON object"
             )
         return decoded
+
+    @contextlib.asynccontextmanager
+    async def watch(
+        self,
+        target: Target,
+        *,
+        params: Params | None = None,
+        headers: Mapping[str, str] | None = None,
+        idle_timeout: float | None = None,
+        credentials: Credentials = "sidecar",
+    ) -> AsyncIterator[AsyncIterator[bytes]]:
+        """Open a watch (or any newline-delimited stream); yield its body chunk by chunk,
+        as the chunks arrive.
+
+        Codes >= 400 raise :class:`UpstreamStatusError` before anything is yielded. When the
+        query has ``timeoutSeconds=T`` the whole stream is limited to T plus
+        ``watch_deadline_slack``: the apiserver ends the watch at T, so a stream still open
+        after that sits on a connection that went silently dead (HTTP/1.1 has no pings).
+        ``idle_timeout`` (default ``stream_idle_timeout``) limits the silence between chunks.
+        Errors while iterating raise :class:`UpstreamUnavailable`.
+        """
+        url = self.url(target, params=params)
+        deadline: float | None = None
+        timeout_seconds = url.query.get("timeoutSeconds")
+        if timeout_seconds is not None and timeout_seconds.isdigit():
+            deadline = int(timeout_seconds) + self.settings.watch_deadline_slack
+        request_headers: CIMultiDict[str] = CIMultiDict(headers or {})
+        request_headers.setdefault("Accept", "application/json")
+        async with self._open(
+            "GET",
+            url,
+            headers=request_headers,
+            data=None,
+            client_timeout=self._timeout(stream=True, timeout=idle_timeout, deadline=deadline),
+            credentials=credentials,
+            verb="WATCH",
+            raw=False,
+        ) as response:
+            if response.status >= 400:
+                body = await response.read()
+                raise UpstreamStatusError.from_response(
+                    code=response.status, body=body, headers=response.headers
+                )
+            yield response.content.iter_any()
 
     @contextlib.asynccontextmanager
     async def websocket(
@@ -489,6 +582,15 @@ class Upstream:
                 await session.close()
 
 
+def _append_query(path_and_query: str, params: Params) -> str:
+    pairs = list(params.items()) if isinstance(params, Mapping) else list(params)
+    if not pairs:
+        return path_and_query
+    query = urllib.parse.urlencode(pairs, quote_via=urllib.parse.quote)
+    separator = "&" if "?" in path_and_query else "?"
+    return f"{path_and_query}{separator}{query}"
+
+
 def _describe(error: BaseException, base_url: str) -> str:
     text = str(error) or type(error).__name__
     if isinstance(error, TimeoutError) and not str(error):
@@ -513,7 +615,7 @@ async def connect(settings: ConnectionSettings, *, metrics: Metrics) -> Upstream
         loader = await _load_kubeconfig(settings.kubeconfig, settings=settings, into=configuration)
     elif os.environ.get(k8s_incluster.SERVICE_HOST_ENV_NAME):
         try:
-            k8s_config.load_incluster_config(
+            k8s_config.load_incluster_config(  # type: ignore[no-untyped-call]
                 client_configuration=configuration,
                 token_filename=settings.incluster_token_path,
                 cert_filename=settings.incluster_ca_path,

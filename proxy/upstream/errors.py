@@ -174,7 +174,9 @@ def reason_for_code(code: int) -> str:
 
 
 def _unstructured_status(*, code: int, body: bytes) -> dict[str, Any]:
-    message = _MESSAGES.get(code, f"an error on the server ({code}) has prevented the request from succeeding")
+    message = _MESSAGES.get(
+        code, f"an error on the server ({code}) has prevented the request from succeeding"
+    )
     text = body.decode("utf-8", "replace").strip()
     if text:
         message = f"{message} ({text[:512]})"

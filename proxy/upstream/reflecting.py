@@ -12,10 +12,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,7 +62,10 @@ class Expired(Exception):  # noqa: N818
     """The watch's RV is gone upstream (410): relist."""
 
 
-REFUSED_CODES = frozenset({401, 403, 404})
+def _refuses(code: int) -> bool:
+    """A first list answered with a client error other than 410/429 will not succeed by
+    retrying (401, 403, 404, 405 for a collection that cannot be listed...)."""
+    return 400 <= code < 500 and code not in (410, 429)
 
 
 def _params(shape: Shape, **extra: str) -> dict[str, str]:
@@ -118,7 +122,7 @@ class Reflector:
                 self.metrics.upstream_relists.labels(resource=self.resource).inc()
                 await self._list()
             except UpstreamStatusError as error:
-                if self.shape.rv is None and error.code in REFUSED_CODES:
+                if self.shape.rv is None and _refuses(error.code):
                     self.refused = Refused(error)
                     self.shape.filled.set()  # wake waiters: they read .refused
                     logger.warning("%s: upstream refused the list: %s", self.resource, error)
@@ -172,7 +176,7 @@ class Reflector:
             params = _params(self.shape, limit=str(self.settings.page_size))
             if continue_token:
                 params["continue"] = continue_token
-            page = await self.upstream.json_request("GET", self.path, params=params)
+            page = await self.upstream.json_request("GET", (self.path, params), verb="LIST")
             self.breaker.record_success()
             metadata = page.get("metadata") or {}
             if not continue_token:
@@ -196,7 +200,7 @@ class Reflector:
         appended = await self.store.finish_list(self.shape, rv=rv, kind=kind,
                                                 api_version=api_version)
         logger.info("%s: listed at RV %s (%d events appended)", self.resource, rv, appended)
-        self.metrics.shape_rv.labels(resource=self.resource).set(_numeric(rv))
+        self._observe_rv(rv)
 
     async def _watch_list(self) -> None:
         """Fill by WatchList, then keep consuming the same stream as the watch."""
@@ -205,7 +209,7 @@ class Reflector:
                          timeoutSeconds=str(self._watch_timeout()))
         staged: list[Change] = []
         kind = api_version = ""
-        async with self.upstream.watch(self.path, params=params) as chunks:
+        async with self._stream(params) as chunks:
             self.breaker.record_success()
             filling = True
             async for lines in line_batches(chunks):
@@ -240,6 +244,17 @@ class Reflector:
 
     # -- watching ----------------------------------------------------------------------------
 
+    @contextlib.asynccontextmanager
+    async def _stream(self, params: dict[str, str]) -> AsyncIterator[AsyncIterator[bytes]]:
+        """An upstream watch: its body as chunks; a refusal raises UpstreamStatusError."""
+        async with self.upstream.request("GET", (self.path, params), stream=True,
+                                         headers={"Accept": "application/json"},
+                                         verb="WATCH") as response:
+            if response.status >= 400:
+                raise UpstreamStatusError.from_response(
+                    code=response.status, body=await response.read(), headers=response.headers)
+            yield response.content.iter_any()
+
     def _watch_timeout(self) -> int:
         return int(random.uniform(self.settings.watch_timeout_min,
                                   self.settings.watch_timeout_max))
@@ -249,7 +264,7 @@ class Reflector:
         params = _params(self.shape, watch="1", resourceVersion=self.shape.rv,
                          allowWatchBookmarks="true", timeoutSeconds=str(self._watch_timeout()))
         try:
-            async with self.upstream.watch(self.path, params=params) as chunks:
+            async with self._stream(params) as chunks:
                 self.breaker.record_success()
                 async for lines in line_batches(chunks):
                     await self._apply_lines(lines)
@@ -257,7 +272,7 @@ class Reflector:
             if error.code == 410:
                 raise Expired from error
             raise
-        self.metrics.watch_restarts.labels(resource=self.resource, reason="ended").inc()
+        self.metrics.upstream_watch_restarts.labels(resource=self.resource, reason="ended").inc()
 
     async def _apply_lines(self, lines: list[bytes]) -> None:
         """Commit one chunk's events as one transaction (then they are published)."""
@@ -278,7 +293,11 @@ class Reflector:
             self.metrics.events_in.labels(resource=self.resource, type=kind).inc()
         await self.store.apply(self.shape, changes)
         if changes:
-            self.metrics.shape_rv.labels(resource=self.resource).set(_numeric(changes[-1].rv))
+            self._observe_rv(changes[-1].rv)
+
+    def _observe_rv(self, rv: str) -> None:
+        self.metrics.set_shape_resource_version(resource=self.resource,
+                                                shape=self.shape.key.identity, rv=rv)
 
 
 def _decode(line: bytes) -> dict[str, Any]:
@@ -310,6 +329,3 @@ def _typed(item: dict[str, Any], kind: str, api_version: str) -> dict[str, Any]:
         return item
     return {"kind": kind, "apiVersion": api_version, **item}
 
-
-def _numeric(rv: str) -> float:
-    return float(rv) if rv.isdigit() else float("nan")

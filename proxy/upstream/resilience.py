@@ -270,8 +270,8 @@ class ListLimiterSettings:
 class ListLimiter:
     """An ``asyncio.Semaphore`` with visible ``waiting`` and ``active`` counts::
 
-        async with limiter:
-            ... list upstream ...
+    async with limiter:
+        ... list upstream ...
     """
 
     def __init__(self, settings: ListLimiterSettings | None = None) -> None:

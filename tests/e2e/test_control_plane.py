@@ -12,7 +12,6 @@ import asyncio
 import json
 import subprocess
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -128,12 +127,16 @@ async def test_clients_agree_on_list_and_watch(
             if len(seen_by_python) == 15:
                 stream.stop()
 
+    # kubectl lists, then watches: one line per event, the initial list as ADDED events.
     kubectl_watch = subprocess.Popen(
         [str(plane.kubectl()), f"--kubeconfig={plane.admin_kubeconfig}", "get", "configmaps",
-         "-n", namespace, "--watch-only", "--output-watch-events", "-o", "json",
-         f"--resource-version={listed.metadata.resource_version}"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+         "-n", namespace, "--watch", "--output-watch-events", "-o",
+         'jsonpath={.type} {.object.metadata.name} {.object.metadata.resourceVersion}{"\\n"}'],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
+    assert kubectl_watch.stdout is not None
+    by_kubectl_initial = [kubectl_watch.stdout.readline() for _ in by_kubectl_cm]
+    assert all(line.startswith("ADDED ") for line in by_kubectl_initial), by_kubectl_initial
     watcher = asyncio.create_task(python_watch())
     await asyncio.sleep(1)
     path = f"/api/v1/namespaces/{namespace}/configmaps"
@@ -151,15 +154,10 @@ async def test_clients_agree_on_list_and_watch(
     assert by_go_events == seen_by_python
     assert [t for t, _, _ in seen_by_python].count("DELETED") == 5
 
-    time.sleep(1)
+    by_kubectl_events = [tuple(kubectl_watch.stdout.readline().split())
+                         for _ in seen_by_python]
     kubectl_watch.terminate()
-    out, _ = kubectl_watch.communicate(timeout=10)
-    decoder, position, by_kubectl_events = json.JSONDecoder(), 0, []
-    while position < len(out.strip()):
-        event, end = decoder.raw_decode(out, position)
-        by_kubectl_events.append((event["type"], event["object"]["metadata"]["name"],
-                                  event["object"]["metadata"]["resourceVersion"]))
-        position = end + (len(out[end:]) - len(out[end:].lstrip()))
+    kubectl_watch.wait(10)
     assert by_kubectl_events == seen_by_python
 
     after = keys_of(json.loads(

@@ -1,0 +1,45 @@
+"""What the handlers share: the cache, the syncer, the upstream, metrics and settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from proxy.cache.store import Store
+from proxy.metrics import Metrics
+from proxy.upstream.connecting import Credentials, Upstream
+from proxy.upstream.passing import DiscoveryCache
+from proxy.upstream.syncing import Syncer
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ServeSettings:
+    bookmark_interval: float = 60.0
+    """Periodic BOOKMARKs on watches that allow them (the apiserver sends one about every
+    minute) keep clients' RVs fresh, so their resumes land inside the log."""
+    min_request_timeout: float = 1800.0
+    """A watch without ``timeoutSeconds`` ends after this × [1, 2), as the apiserver's
+    ``--min-request-timeout`` does, spreading reconnects out."""
+    too_large_wait: float = 3.0
+    """A read for an RV the cache has not reached waits this long before 504 (the apiserver
+    waits ~3 s for its watch cache)."""
+    slow_write_timeout: float = 30.0
+    """A watcher whose socket has not accepted a write for this long is closed; it resumes from
+    its last RV out of the log. One stuck client must not pin memory or a task forever."""
+    idle_check: float = 5.0
+    """How often an idle watch checks that its client is still connected."""
+    event_batch: int = 512
+    """Log entries read per step when a watcher catches up."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Context:
+    store: Store
+    syncer: Syncer
+    upstream: Upstream
+    discovery: DiscoveryCache
+    metrics: Metrics
+    settings: ServeSettings
+    credentials: Credentials
+    """How passthrough authenticates upstream: as the sidecar, or with the client's own
+    credentials (the authenticated modes)."""
+    learn: bool

@@ -1,0 +1,77 @@
+"""Collection GETs: answer LIST / WATCH from the cache, or decide to pass them through.
+
+Order, as the apiserver's: decode and validate the query (400/422 Status), then choose. The
+cache answers when the representation is one it can produce (JSON, metadata-only JSON), the
+semantics allow it (not ``Exact``, not a ``continue`` page) and a shape serves the request —
+an existing one, or one learned now. A learned shape whose first list the apiserver refuses
+is dropped, and the client gets the apiserver's own answer.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp import web
+
+from proxy.cache.filtering import Filter
+from proxy.cache.shapes import Request
+from proxy.kube.options import ListOptions, ListSemanticsKind, list_semantics, watch_start
+from proxy.kube.resources import RequestPath
+from proxy.serve.context import Context
+from proxy.serve.listing import serve_list
+from proxy.serve.negotiating import Representation, negotiate
+from proxy.serve.watching import Watch
+from proxy.upstream.errors import UpstreamStatusError
+from proxy.upstream.passing import pass_through
+
+logger = logging.getLogger(__name__)
+
+
+async def read_collection(
+    request: web.Request, *, path: RequestPath, ctx: Context
+) -> web.StreamResponse:
+    options = ListOptions.parse(list(request.query.items()), watch_path=path.is_watch_path)
+    representation = negotiate(request.headers.get("Accept"), watch=options.is_watch)
+    not_older_than: str | None = None
+    if representation is Representation.PASS_THROUGH:
+        return await _pass(request, ctx)
+    if not options.is_watch:
+        semantics = list_semantics(options)
+        if semantics.kind in (ListSemanticsKind.EXACT, ListSemanticsKind.CONTINUE):
+            return await _pass(request, ctx)
+        if semantics.kind is ListSemanticsKind.NOT_OLDER_THAN:
+            not_older_than = semantics.resource_version
+
+    wanted = Request(gvr=path.gvr, namespace=path.namespace,
+                     label_selector=options.label_selector, field_selector=options.field_selector)
+    namespaced = True if path.namespace else None
+    shape = ctx.syncer.find(wanted, namespaced=namespaced)
+    if shape is None or shape.rv is None:
+        if shape is None and not ctx.learn:
+            return await _pass(request, ctx)
+        try:
+            shape = shape or await ctx.syncer.learn(wanted.exact_key)
+            filled = await ctx.syncer.wait_filled(shape)
+        except UpstreamStatusError as refused:
+            raise refused.to_status_error() from None
+        if not filled:
+            logger.info("%s not filled yet; passing the request through", shape.key)
+            return await _pass(request, ctx)
+    await ctx.store.touch(shape)
+
+    view = Filter()
+    if wanted.needs_filter(shape.key):
+        view = Filter(namespace=path.namespace, labels=options.label_selector,
+                      fields=options.field_selector)
+    if options.is_watch:
+        watch = Watch(ctx=ctx, shape=shape, view=view, options=options,
+                      start=watch_start(options), representation=representation,
+                      request=request)
+        return await watch.serve()
+    return await serve_list(request, ctx=ctx, shape=shape, view=view,
+                            representation=representation, not_older_than=not_older_than)
+
+
+async def _pass(request: web.Request, ctx: Context) -> web.StreamResponse:
+    return await pass_through(request, upstream=ctx.upstream, credentials=ctx.credentials,
+                              discovery=ctx.discovery)

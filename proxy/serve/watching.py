@@ -1,0 +1,176 @@
+"""WATCH from the cache (DESIGN.md §5, PROTOCOL.md "WATCH semantics").
+
+A watcher is a cursor into the shape's committed log: it starts from the state snapshot (RV
+unset/"0", WatchList) or from the log position of RV N, then reads whatever was committed after
+its cursor — from memory, or from the database when it has fallen behind. It never holds up the
+writer or other watchers; if its own client stops reading it is closed, and the client resumes
+from its last RV out of the log.
+
+Failures after the stream started are ERROR events (a Status), then the stream ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+
+from aiohttp import web
+
+from proxy.cache.filtering import Filter
+from proxy.cache.records import ChangeType
+from proxy.cache.store import LogTrimmed, Shape, TooNew
+from proxy.kube.options import ListOptions, WatchStart, WatchStartKind
+from proxy.kube.status import StatusError
+from proxy.serve import rendering
+from proxy.serve.context import Context
+from proxy.serve.listing import wait_for_rv
+from proxy.serve.negotiating import Representation
+
+
+class SlowClient(Exception):  # noqa: N818
+    """The client did not accept a write within the slow-write timeout."""
+
+
+class Watch:
+    """One client watch: its cursor, filter and deadline."""
+
+    def __init__(
+        self,
+        *,
+        ctx: Context,
+        shape: Shape,
+        view: Filter,
+        options: ListOptions,
+        start: WatchStart,
+        representation: Representation,
+        request: web.Request,
+    ) -> None:
+        self.ctx = ctx
+        self.shape = shape
+        self.view = view
+        self.options = options
+        self.start = start
+        self.metadata_only = representation is Representation.METADATA
+        self.request = request
+        self.response = web.StreamResponse(
+            status=200, headers={"Content-Type": "application/json",
+                                 "Cache-Control": "no-cache, private"})
+        timeout = options.timeout_seconds
+        if timeout is None or timeout <= 0:
+            timeout = ctx.settings.min_request_timeout * random.uniform(1.0, 2.0)
+        self.deadline = time.monotonic() + timeout
+        self.cursor = 0
+        self.position_rv = ""
+        """RV of the newest log entry this watcher has passed (sent or filtered out)."""
+        self.kind = shape.kind
+        self.api_version = shape.api_version
+
+    # -- writing -----------------------------------------------------------------------------
+
+    async def _write(self, data: bytes) -> None:
+        try:
+            await asyncio.wait_for(self.response.write(data), self.ctx.settings.slow_write_timeout)
+        except TimeoutError:
+            raise SlowClient from None
+
+    def _object(self, raw: bytes) -> bytes:
+        return rendering.partial_metadata(raw) if self.metadata_only else raw
+
+    async def _bookmark(self, *, initial_events_end: bool = False) -> None:
+        kind, api_version = self.kind, self.api_version
+        if self.metadata_only:
+            kind, api_version = "PartialObjectMetadata", rendering.METADATA_API_VERSION
+        await self._write(rendering.bookmark(kind=kind, api_version=api_version,
+                                             rv=self.position_rv,
+                                             initial_events_end=initial_events_end))
+
+    async def _error(self, error: StatusError) -> None:
+        with contextlib.suppress(SlowClient, ConnectionError):
+            await self._write(rendering.watch_frame("ERROR", error.to_json()))
+
+    # -- the stream --------------------------------------------------------------------------
+
+    async def serve(self) -> web.StreamResponse:
+        await self.response.prepare(self.request)
+        resource = self.shape.resource
+        self.ctx.metrics.watchers.labels(resource=resource).inc()
+        try:
+            await self._begin()
+            await self._follow()
+            if self.options.allow_watch_bookmarks and self.position_rv:
+                await self._bookmark()  # just before the deadline, as the apiserver does
+            await self.response.write_eof()
+        except StatusError as error:
+            await self._error(error)
+        except LogTrimmed:
+            await self._error(StatusError.expired(
+                "the watch fell behind the retained event log; relist"))
+        except (SlowClient, ConnectionError):
+            if self.request.transport is not None:
+                self.request.transport.close()  # the client resumes from its last RV
+        finally:
+            self.ctx.metrics.watchers.labels(resource=resource).dec()
+        return self.response
+
+    async def _begin(self) -> None:
+        """Position the cursor; send the initial state where the request asks for it."""
+        start = self.start
+        if start.kind is WatchStartKind.FROM_RESOURCE_VERSION:
+            assert start.resource_version is not None
+            try:
+                self.cursor = await self.ctx.store.position(self.shape, start.resource_version)
+            except TooNew:
+                await wait_for_rv(self.ctx, self.shape, start.resource_version)
+                self.cursor = await self.ctx.store.position(self.shape, start.resource_version)
+            self.position_rv = start.resource_version
+            return
+        if start.resource_version is not None:
+            await wait_for_rv(self.ctx, self.shape, start.resource_version)
+        if start.kind is WatchStartKind.FROM_NOW:
+            self.cursor, self.position_rv = self.shape.log.last_seq, self.shape.rv or ""
+            return
+        async with self.ctx.store.snapshot(self.shape, namespace=self.view.namespace) as snap:
+            self.cursor, self.position_rv = snap.last_seq, snap.rv
+            self.kind, self.api_version = snap.kind, snap.api_version
+            async for rows in snap.rows:
+                frames = [
+                    rendering.watch_frame(ChangeType.ADDED, self._object(raw))
+                    for namespace, name, labels, raw in rows
+                    if self.view.is_everything
+                    or self.view.admits(namespace=namespace, name=name, labels=labels)
+                ]
+                if frames:
+                    await self._write(b"".join(frames))
+        if start.initial_events_end_bookmark:
+            await self._bookmark(initial_events_end=True)
+
+    async def _follow(self) -> None:
+        settings = self.ctx.settings
+        next_bookmark = time.monotonic() + settings.bookmark_interval
+        resource = self.shape.resource
+        while True:
+            records = await self.ctx.store.read_events(self.shape, after=self.cursor,
+                                                       limit=settings.event_batch)
+            if records:
+                frames = []
+                for record in records:
+                    event = self.view.event_for(record)
+                    if event is not None:
+                        frames.append(rendering.watch_frame(event[0], self._object(event[1])))
+                    self.cursor, self.position_rv = record.seq, record.rv
+                if frames:
+                    await self._write(b"".join(frames))
+                    self.ctx.metrics.events_out.labels(resource=resource).inc(len(frames))
+                continue
+            now = time.monotonic()
+            if now >= self.deadline - 1.0 or self.shape.log.closed:
+                return
+            if self.options.allow_watch_bookmarks and now >= next_bookmark:
+                await self._bookmark()
+                next_bookmark = now + settings.bookmark_interval
+            if self.request.transport is None or self.request.transport.is_closing():
+                return
+            wait = min(self.deadline - 1.0, next_bookmark, now + settings.idle_check) - now
+            await self.shape.log.wait_beyond(self.cursor, timeout=max(wait, 0.0))
