@@ -139,8 +139,14 @@ def _go_build(*, packages: dict[str, str], cwd: Path, target: Path, ldflags: str
         _say(f"building {name} from {package} (first build takes minutes) ...")
         process = subprocess.Popen(
             [
-                "go", "build", "-v", "-trimpath", f"-ldflags={ldflags}",
-                "-o", str(staging_dir / name), package,
+                "go",
+                "build",
+                "-v",
+                "-trimpath",
+                f"-ldflags={ldflags}",
+                "-o",
+                str(staging_dir / name),
+                package,
             ],
             cwd=cwd,
             env=_go_env(),
@@ -148,10 +154,9 @@ def _go_build(*, packages: dict[str, str], cwd: Path, target: Path, ldflags: str
             text=True,
         )
         assert process.stderr is not None
-        compiled, tail = 0, []
+        tail = list[str]()
         last_report = time.monotonic()
-        for line in process.stderr:
-            compiled += 1
+        for compiled, line in enumerate(process.stderr, start=1):
             tail = [*tail[-40:], line.rstrip()]
             if time.monotonic() - last_report > 15:
                 last_report = time.monotonic()
@@ -174,7 +179,8 @@ def build_fallback(*, version: str = KUBERNETES_VERSION) -> Binaries:
     env = _go_env() | {"GOBIN": str(staging_dir), "GOFLAGS": ""}
     subprocess.run(
         ["go", "install", f"k8s.io/apiextensions-apiserver@{staging_version(version)}"],
-        check=True, env=env,
+        check=True,
+        env=env,
     )
     subprocess.run(["go", "install", "go.etcd.io/etcd/server/v3@v3.6.5"], check=True, env=env)
     (staging_dir / "v3").rename(staging_dir / "etcd")  # `go install` names it after the path

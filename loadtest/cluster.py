@@ -231,11 +231,17 @@ class ControlPlane:
 
     def _start_apiserver(self, state: State) -> None:
         if not self._alive(state.pids.get("kube-apiserver")):
-            state.pids["kube-apiserver"] = self._spawn("kube-apiserver", self._apiserver_argv(state))
+            state.pids["kube-apiserver"] = self._spawn(
+                "kube-apiserver", self._apiserver_argv(state)
+            )
             self._save(state)
-        _wait_for(self._ready, what="kube-apiserver /readyz", timeout=READY_TIMEOUT,
-                  alive=lambda: self._alive(state.pids.get("kube-apiserver")),
-                  log=self.logs / "kube-apiserver.log")
+        _wait_for(
+            self._ready,
+            what="kube-apiserver /readyz",
+            timeout=READY_TIMEOUT,
+            alive=lambda: self._alive(state.pids.get("kube-apiserver")),
+            log=self.logs / "kube-apiserver.log",
+        )
 
     def _start_controller_manager(self, state: State) -> None:
         if not state.full or self._alive(state.pids.get("kube-controller-manager")):
@@ -293,10 +299,12 @@ class ControlPlane:
             self._save(state)
         pki.create(self.pki.directory)
         server = f"https://127.0.0.1:{state.apiserver_port}"
-        pki.write_kubeconfig(path=self.admin_kubeconfig, pki=self.pki, identity="admin",
-                             server=server)
-        pki.write_kubeconfig(path=self.restricted_kubeconfig, pki=self.pki,
-                             identity="restricted", server=server)
+        pki.write_kubeconfig(
+            path=self.admin_kubeconfig, pki=self.pki, identity="admin", server=server
+        )
+        pki.write_kubeconfig(
+            path=self.restricted_kubeconfig, pki=self.pki, identity="restricted", server=server
+        )
         started = time.monotonic()
         try:
             self._start_etcd(state)
@@ -305,8 +313,10 @@ class ControlPlane:
         except BaseException:
             self.down()
             raise
-        _say(f"control plane ready at {server} in {time.monotonic() - started:.1f}s"
-             + ("" if state.full else " (FALLBACK: CRDs only, no core resources)"))
+        _say(
+            f"control plane ready at {server} in {time.monotonic() - started:.1f}s"
+            + ("" if state.full else " (FALLBACK: CRDs only, no core resources)")
+        )
 
     def stop_apiserver(self) -> None:
         state = self.state()
@@ -369,8 +379,11 @@ def _wait_for(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m loadtest.cluster", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtest.cluster",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     for name in ("up", "down", "stop-apiserver", "start-apiserver", "status"):
         commands.add_parser(name).add_argument("--dir", required=True, type=Path)

@@ -53,8 +53,7 @@ class RawClient:
         self._session = aiohttp.ClientSession(
             base_url=self.base_url,
             headers=headers,
-            connector=aiohttp.TCPConnector(ssl=self.ssl_context or False,
-                                           limit=self.concurrency),
+            connector=aiohttp.TCPConnector(ssl=self.ssl_context or False, limit=self.concurrency),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
         )
         return self
@@ -80,7 +79,10 @@ class RawClient:
     ) -> dict[str, Any]:
         data = orjson.dumps(body) if body is not None else None
         async with self.session.request(
-            method, path, data=data, params=params,
+            method,
+            path,
+            data=data,
+            params=params,
             headers={"Content-Type": content_type} if data is not None else None,
         ) as response:
             raw = await response.read()
@@ -102,8 +104,9 @@ class RawClient:
         return await self.request("DELETE", path, ok=(200, 202, 404))
 
     async def merge_patch(self, path: str, patch: Mapping[str, Any]) -> dict[str, Any]:
-        return await self.request("PATCH", path, body=patch,
-                                  content_type="application/merge-patch+json")
+        return await self.request(
+            "PATCH", path, body=patch, content_type="application/merge-patch+json"
+        )
 
     async def gather(self, calls: Iterable[Any]) -> list[Any]:
         """Run coroutines with at most ``concurrency`` in flight."""
@@ -125,8 +128,9 @@ class RawClient:
                     yield orjson.loads(line)
 
 
-def configmap(*, name: str, namespace: str, size: int = 0,
-              labels: Mapping[str, str] | None = None) -> dict[str, Any]:
+def configmap(
+    *, name: str, namespace: str, size: int = 0, labels: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     """A ConfigMap of roughly ``size`` bytes of data."""
     body: dict[str, Any] = {
         "apiVersion": "v1",
@@ -154,8 +158,9 @@ async def create_configmaps(
     await ensure_namespace(client, namespace)
     path = f"/api/v1/namespaces/{namespace}/configmaps"
     return await client.gather(
-        client.create(path, configmap(name=f"{prefix}-{i:06d}", namespace=namespace,
-                                      size=size, labels=labels))
+        client.create(
+            path, configmap(name=f"{prefix}-{i:06d}", namespace=namespace, size=size, labels=labels)
+        )
         for i in range(count)
     )
 

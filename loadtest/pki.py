@@ -88,7 +88,7 @@ def _sign(
     issuer: x509.Name,
     issuer_key: ec.EllipticCurvePrivateKey,
     is_ca: bool = False,
-    usage: ExtendedKeyUsageOID | None = None,
+    usage: x509.ObjectIdentifier | None = None,
     sans: list[x509.GeneralName] | None = None,
 ) -> x509.Certificate:
     now = datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=5)
@@ -136,7 +136,10 @@ def create(directory: Path) -> Pki:
     ca_key = _key()
     ca_name = _name("warmwatch-test-ca")
     ca = _sign(
-        subject=ca_name, public_key=ca_key.public_key(), issuer=ca_name, issuer_key=ca_key,
+        subject=ca_name,
+        public_key=ca_key.public_key(),
+        issuer=ca_name,
+        issuer_key=ca_key,
         is_ca=True,
     )
     serving_key = _key()
@@ -165,7 +168,10 @@ def create(directory: Path) -> Pki:
     for name, subject in clients.items():
         key = _key()
         certificate = _sign(
-            subject=subject, public_key=key.public_key(), issuer=ca_name, issuer_key=ca_key,
+            subject=subject,
+            public_key=key.public_key(),
+            issuer=ca_name,
+            issuer_key=ca_key,
             usage=ExtendedKeyUsageOID.CLIENT_AUTH,
         )
         identity = pki.identity(name)

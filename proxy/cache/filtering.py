@@ -32,7 +32,8 @@ class Filter:
         if self.namespace and namespace != self.namespace:
             return False
         return self.fields.is_everything or self.fields.matches(
-            generic_fields(name=name, namespace=namespace))
+            generic_fields(name=name, namespace=namespace)
+        )
 
     def _labels_match(self, labels: bytes | None) -> bool:
         if self.labels.is_everything:

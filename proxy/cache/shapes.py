@@ -37,14 +37,18 @@ class ShapeKey:
         label_selector: LabelSelector = LabelSelector.EVERYTHING,
         field_selector: FieldSelector = FieldSelector.EVERYTHING,
     ) -> ShapeKey:
-        return cls(group=gvr.group, version=gvr.version, resource=gvr.resource,
-                   namespace=namespace or "", label_selector=label_selector.canonical,
-                   field_selector=field_selector.canonical)
+        return cls(
+            group=gvr.group,
+            version=gvr.version,
+            resource=gvr.resource,
+            namespace=namespace or "",
+            label_selector=label_selector.canonical,
+            field_selector=field_selector.canonical,
+        )
 
     @property
     def gvr(self) -> GroupVersionResource:
-        return GroupVersionResource(group=self.group, version=self.version,
-                                    resource=self.resource)
+        return GroupVersionResource(group=self.group, version=self.version, resource=self.resource)
 
     @property
     def gvr_label(self) -> str:
@@ -83,9 +87,12 @@ class Request:
 
     @property
     def exact_key(self) -> ShapeKey:
-        return ShapeKey.of(self.gvr, namespace=self.namespace,
-                           label_selector=self.label_selector,
-                           field_selector=self.field_selector)
+        return ShapeKey.of(
+            self.gvr,
+            namespace=self.namespace,
+            label_selector=self.label_selector,
+            field_selector=self.field_selector,
+        )
 
     def locally_filterable(self, *, namespaced: bool | None) -> bool:
         """A broader shape can answer it: the field selector uses generic fields only."""
@@ -96,8 +103,9 @@ class Request:
         return shape != self.exact_key
 
 
-def choose(request: Request, shapes: Iterable[ShapeKey], *,
-           namespaced: bool | None) -> ShapeKey | None:
+def choose(
+    request: Request, shapes: Iterable[ShapeKey], *, namespaced: bool | None
+) -> ShapeKey | None:
     """The shape that serves ``request``: the exact one, else the narrowest broad one."""
     candidates = set(shapes)
     exact = request.exact_key
@@ -105,12 +113,14 @@ def choose(request: Request, shapes: Iterable[ShapeKey], *,
         return exact
     if not request.locally_filterable(namespaced=namespaced):
         return None
-    base = dict(group=request.gvr.group, version=request.gvr.version,
-                resource=request.gvr.resource)
+    base = {
+        "group": request.gvr.group,
+        "version": request.gvr.version,
+        "resource": request.gvr.resource,
+    }
     if request.namespace:
         in_namespace = ShapeKey(**base, namespace=request.namespace)
         if in_namespace in candidates:
             return in_namespace
     everywhere = ShapeKey(**base)
     return everywhere if everywhere in candidates else None
-

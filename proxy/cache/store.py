@@ -117,8 +117,12 @@ class Store:
             with contextlib.suppress(UnboundLocalError):
                 await writer.close()
             aside = settings.path.with_name(f"{settings.path.name}.broken-{int(time.time())}")
-            logger.error("database %s unusable (%s); moved to %s, rebuilding from upstream",
-                         settings.path, error, aside)
+            logger.error(
+                "database %s unusable (%s); moved to %s, rebuilding from upstream",
+                settings.path,
+                error,
+                aside,
+            )
             for suffix in ("", "-wal", "-shm"):
                 source = Path(f"{settings.path}{suffix}")
                 if source.exists():
@@ -138,14 +142,41 @@ class Store:
         return db
 
     def _remember(self, row: sqlite3.Row | tuple[Any, ...]) -> Shape:
-        (id_, grp, version, resource, namespace, label_selector, field_selector, configured,
-         kind, api_version, rv, log_start_rv, last_seq, used_at) = row
-        key = ShapeKey(group=grp, version=version, resource=resource, namespace=namespace,
-                       label_selector=label_selector, field_selector=field_selector)
-        shape = Shape(id=id_, key=key, configured=bool(configured), kind=kind,
-                      api_version=api_version, rv=rv, log_start_rv=log_start_rv,
-                      used_at=used_at,
-                      log=ShapeLog(last_seq=last_seq, ring_size=self.settings.ring_size))
+        (
+            id_,
+            grp,
+            version,
+            resource,
+            namespace,
+            label_selector,
+            field_selector,
+            configured,
+            kind,
+            api_version,
+            rv,
+            log_start_rv,
+            last_seq,
+            used_at,
+        ) = row
+        key = ShapeKey(
+            group=grp,
+            version=version,
+            resource=resource,
+            namespace=namespace,
+            label_selector=label_selector,
+            field_selector=field_selector,
+        )
+        shape = Shape(
+            id=id_,
+            key=key,
+            configured=bool(configured),
+            kind=kind,
+            api_version=api_version,
+            rv=rv,
+            log_start_rv=log_start_rv,
+            used_at=used_at,
+            log=ShapeLog(last_seq=last_seq, ring_size=self.settings.ring_size),
+        )
         if rv is not None:
             shape.filled.set()
         self.shapes[key] = shape
@@ -194,8 +225,9 @@ class Store:
         """Commit upstream events, then publish them (never the other way round)."""
         if not changes:
             return
-        committed = await self._write(writing.apply_changes, shape_id=shape.id, changes=changes,
-                                      tail=self.settings.ring_size)
+        committed = await self._write(
+            writing.apply_changes, shape_id=shape.id, changes=changes, tail=self.settings.ring_size
+        )
         shape.rv = committed.rv
         shape.log.publish(last_seq=committed.last_seq, records=committed.records)
 
@@ -207,8 +239,14 @@ class Store:
 
     async def finish_list(self, shape: Shape, *, rv: str, kind: str, api_version: str) -> int:
         """Make a staged list visible (fill, or relist diff); returns events appended."""
-        committed = await self._write(writing.finish_list, shape_id=shape.id, rv=rv, kind=kind,
-                                      api_version=api_version, tail=self.settings.ring_size)
+        committed = await self._write(
+            writing.finish_list,
+            shape_id=shape.id,
+            rv=rv,
+            kind=kind,
+            api_version=api_version,
+            tail=self.settings.ring_size,
+        )
         shape.rv, shape.kind, shape.api_version = rv, kind, api_version
         if shape.log_start_rv is None:
             shape.log_start_rv = rv
@@ -221,8 +259,11 @@ class Store:
         dropped = 0
         for shape in list(self.shapes.values()):
             dropped += await self._write(
-                writing.trim, shape_id=shape.id, max_events=self.settings.retention_events,
-                max_age=self.settings.retention_seconds)
+                writing.trim,
+                shape_id=shape.id,
+                max_events=self.settings.retention_events,
+                max_age=self.settings.retention_seconds,
+            )
             row = await self._write(_shape_log_start, shape_id=shape.id)
             shape.log_start_rv = row
         if dropped:
@@ -237,14 +278,17 @@ class Store:
     async def get_document(self, key: str) -> tuple[int, bytes, bytes, str] | None:
         async with self._reader() as db:
             cursor = await db.execute(
-                "SELECT status, headers, body, etag FROM discovery WHERE key = ?", (key,))
+                "SELECT status, headers, body, etag FROM discovery WHERE key = ?", (key,)
+            )
             row = await cursor.fetchone()
         return (int(row[0]), bytes(row[1]), bytes(row[2]), str(row[3])) if row else None
 
-    async def put_document(self, key: str, *, status: int, headers: bytes, body: bytes,
-                           etag: str) -> None:
-        await self._write(_put_document, key=key, status=status, headers=headers, body=body,
-                          etag=etag)
+    async def put_document(
+        self, key: str, *, status: int, headers: bytes, body: bytes, etag: str
+    ) -> None:
+        await self._write(
+            _put_document, key=key, status=status, headers=headers, body=body, etag=etag
+        )
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -272,27 +316,35 @@ class Store:
         async with self._reader() as db:
             await db.execute("BEGIN")
             cursor = await db.execute(
-                "SELECT rv, last_seq, kind, api_version FROM shapes WHERE id = ?", (shape.id,))
+                "SELECT rv, last_seq, kind, api_version FROM shapes WHERE id = ?", (shape.id,)
+            )
             row = await cursor.fetchone()
             if row is None or row[0] is None:
                 raise StatusError.service_unavailable(
-                    f"the cache of {shape.resource} is not filled yet")
+                    f"the cache of {shape.resource} is not filled yet"
+                )
             params: tuple[object, ...]
             if namespace:
-                query, params = ("SELECT namespace, name, labels, raw FROM objects "
-                                 "WHERE shape_id = ? AND namespace = ? ORDER BY namespace, name",
-                                 (shape.id, namespace))
+                query, params = (
+                    "SELECT namespace, name, labels, raw FROM objects "
+                    "WHERE shape_id = ? AND namespace = ? ORDER BY namespace, name",
+                    (shape.id, namespace),
+                )
             else:
-                query, params = ("SELECT namespace, name, labels, raw FROM objects "
-                                 "WHERE shape_id = ? ORDER BY namespace, name", (shape.id,))
+                query, params = (
+                    "SELECT namespace, name, labels, raw FROM objects "
+                    "WHERE shape_id = ? ORDER BY namespace, name",
+                    (shape.id,),
+                )
             objects = await db.execute(query, params)
 
             async def rows() -> AsyncIterator[list[tuple[str, str, bytes, bytes]]]:
                 while chunk := await objects.fetchmany(batch):
                     yield chunk  # type: ignore[misc]
 
-            yield Snapshot(rv=row[0], last_seq=int(row[1]), kind=row[2], api_version=row[3],
-                           rows=rows())
+            yield Snapshot(
+                rv=row[0], last_seq=int(row[1]), kind=row[2], api_version=row[3], rows=rows()
+            )
 
     async def read_events(self, shape: Shape, *, after: int, limit: int) -> list[EventRecord]:
         """Committed log entries after seq ``after`` (from memory when the ring reaches)."""
@@ -303,14 +355,27 @@ class Store:
             cursor = await db.execute(
                 "SELECT seq, type, rv, batch, namespace, name, labels, prev_labels, prev_raw, "
                 "raw FROM events WHERE shape_id = ? AND seq > ? ORDER BY seq LIMIT ?",
-                (shape.id, after, limit))
+                (shape.id, after, limit),
+            )
             rows = await cursor.fetchall()
         rows = list(rows)
         if rows and rows[0][0] != after + 1:
             raise LogTrimmed(after)
-        return [EventRecord(seq=r[0], type=ChangeType(r[1]), rv=r[2], batch=bool(r[3]),
-                            namespace=r[4], name=r[5], labels=r[6], prev_labels=r[7],
-                            prev_raw=r[8], raw=r[9]) for r in rows]
+        return [
+            EventRecord(
+                seq=r[0],
+                type=ChangeType(r[1]),
+                rv=r[2],
+                batch=bool(r[3]),
+                namespace=r[4],
+                name=r[5],
+                labels=r[6],
+                prev_labels=r[7],
+                prev_raw=r[8],
+                raw=r[9],
+            )
+            for r in rows
+        ]
 
     async def position(self, shape: Shape, rv: str) -> int:
         """The log position (a seq) a watch from ``rv`` starts after.
@@ -323,32 +388,35 @@ class Store:
         async with self._reader() as db:
             await db.execute("BEGIN")
             cursor = await db.execute(
-                "SELECT rv, last_seq, log_start_rv FROM shapes WHERE id = ?", (shape.id,))
+                "SELECT rv, last_seq, log_start_rv FROM shapes WHERE id = ?", (shape.id,)
+            )
             current_rv, last_seq, start_rv = await cursor.fetchone()  # type: ignore[misc]
             order = rv_order(rv)
             if order is not None and rv_order(start_rv) is not None:
                 if versions.compare(rv, start_rv) == -1:
                     raise StatusError.too_old_resource_version(
-                        requested=rv, oldest_resumable=start_rv)
+                        requested=rv, oldest_resumable=start_rv
+                    )
                 if versions.compare(rv, current_rv) == 1:
                     raise TooNew(rv=rv, current=current_rv)
                 cursor = await db.execute(
                     "SELECT min(seq) FROM events WHERE shape_id = ? AND (rv_order > ? OR "
                     "(rv_order = ? AND batch = 1 AND EXISTS (SELECT 1 FROM events WHERE "
                     "shape_id = ? AND rv_order = ? AND batch = 1 AND type = 'BOOKMARK')))",
-                    (shape.id, order, order, shape.id, order))
+                    (shape.id, order, order, shape.id, order),
+                )
                 first = (await cursor.fetchone())[0]  # type: ignore[index]
                 return int(first) - 1 if first is not None else int(last_seq)
             # Not comparable as integers: the RV must be a position in the log.
             cursor = await db.execute(
                 "SELECT min(seq), max(seq), max(batch) FROM events WHERE shape_id = ? AND rv = ?",
-                (shape.id, rv))
+                (shape.id, rv),
+            )
             low, high, batch = await cursor.fetchone()  # type: ignore[misc]
             if low is None:
                 if rv == current_rv:
                     return int(last_seq)
-                raise StatusError.too_old_resource_version(requested=rv,
-                                                           oldest_resumable=start_rv)
+                raise StatusError.too_old_resource_version(requested=rv, oldest_resumable=start_rv)
             return int(low) - 1 if batch else int(high)
 
     def size(self) -> tuple[int, int]:
@@ -362,7 +430,7 @@ class Store:
         return sizes[0], sizes[1]
 
 
-class TooNew(Exception):  # noqa: N818 - a condition, not a failure
+class TooNew(Exception):
     """The cache has not reached the requested RV (yet)."""
 
     def __init__(self, *, rv: str, current: str) -> None:
@@ -371,7 +439,7 @@ class TooNew(Exception):  # noqa: N818 - a condition, not a failure
         self.current = current
 
 
-class LogTrimmed(Exception):  # noqa: N818
+class LogTrimmed(Exception):
     """A watcher's position fell out of the retained log while it lagged."""
 
     def __init__(self, after: int) -> None:
@@ -381,8 +449,10 @@ class LogTrimmed(Exception):  # noqa: N818
 
 # -- small transactions (writer thread) ----------------------------------------------------
 
-_SHAPE_COLUMNS = ("id, grp, version, resource, namespace, label_selector, field_selector, "
-                  "configured, kind, api_version, rv, log_start_rv, last_seq, used_at")
+_SHAPE_COLUMNS = (
+    "id, grp, version, resource, namespace, label_selector, field_selector, "
+    "configured, kind, api_version, rv, log_start_rv, last_seq, used_at"
+)
 
 
 def _load_shapes(connection: sqlite3.Connection) -> list[tuple[Any, ...]]:
@@ -391,17 +461,30 @@ def _load_shapes(connection: sqlite3.Connection) -> list[tuple[Any, ...]]:
     return connection.execute(f"SELECT {_SHAPE_COLUMNS} FROM shapes ORDER BY id").fetchall()
 
 
-def _insert_shape(connection: sqlite3.Connection, *, key: ShapeKey,
-                  configured: bool) -> tuple[Any, ...]:
+def _insert_shape(
+    connection: sqlite3.Connection, *, key: ShapeKey, configured: bool
+) -> tuple[Any, ...]:
     now = time.time()
     with connection:
         connection.execute(
             "INSERT INTO shapes (key, grp, version, resource, namespace, label_selector, "
             "field_selector, configured, created_at, used_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
-            (key.identity, key.group, key.version, key.resource, key.namespace,
-             key.label_selector, key.field_selector, int(configured), now, now))
+            (
+                key.identity,
+                key.group,
+                key.version,
+                key.resource,
+                key.namespace,
+                key.label_selector,
+                key.field_selector,
+                int(configured),
+                now,
+                now,
+            ),
+        )
         row: tuple[Any, ...] = connection.execute(
-            f"SELECT {_SHAPE_COLUMNS} FROM shapes WHERE key = ?", (key.identity,)).fetchone()
+            f"SELECT {_SHAPE_COLUMNS} FROM shapes WHERE key = ?", (key.identity,)
+        ).fetchone()
     return row
 
 
@@ -418,23 +501,27 @@ def _delete_shape(connection: sqlite3.Connection, *, shape_id: int) -> None:
 
 
 def _shape_log_start(connection: sqlite3.Connection, *, shape_id: int) -> str | None:
-    row = connection.execute("SELECT log_start_rv FROM shapes WHERE id = ?",
-                             (shape_id,)).fetchone()
+    row = connection.execute("SELECT log_start_rv FROM shapes WHERE id = ?", (shape_id,)).fetchone()
     return row[0] if row else None
 
 
 def _save_usage(connection: sqlite3.Connection, *, used: dict[int, float]) -> None:
     with connection:
-        connection.executemany("UPDATE shapes SET used_at = ? WHERE id = ?",
-                               ((at, shape_id) for shape_id, at in used.items()))
+        connection.executemany(
+            "UPDATE shapes SET used_at = ? WHERE id = ?",
+            ((at, shape_id) for shape_id, at in used.items()),
+        )
 
 
-def _put_document(connection: sqlite3.Connection, *, key: str, status: int, headers: bytes,
-                  body: bytes, etag: str) -> None:
+def _put_document(
+    connection: sqlite3.Connection, *, key: str, status: int, headers: bytes, body: bytes, etag: str
+) -> None:
     with connection:
         connection.execute(
             "INSERT OR REPLACE INTO discovery (key, status, headers, body, etag, stored_at) "
-            "VALUES (?, ?, ?, ?, ?, ?)", (key, status, headers, body, etag, time.time()))
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (key, status, headers, body, etag, time.time()),
+        )
 
 
 def _checkpoint(connection: sqlite3.Connection) -> None:

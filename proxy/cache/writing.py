@@ -52,9 +52,19 @@ def _last_seq(connection: sqlite3.Connection, shape_id: int) -> int:
 
 def _event_row(shape_id: int, record: EventRecord, now: float) -> tuple[object, ...]:
     return (
-        shape_id, record.seq, record.type.value, record.rv, rv_order(record.rv),
-        int(record.batch), record.namespace, record.name, record.labels, record.prev_labels,
-        record.prev_raw, record.raw, now,
+        shape_id,
+        record.seq,
+        record.type.value,
+        record.rv,
+        rv_order(record.rv),
+        int(record.batch),
+        record.namespace,
+        record.name,
+        record.labels,
+        record.prev_labels,
+        record.prev_raw,
+        record.raw,
+        now,
     )
 
 
@@ -81,18 +91,27 @@ def apply_changes(
             if key not in previous:
                 row = connection.execute(
                     "SELECT labels, raw FROM objects WHERE shape_id = ? AND namespace = ? "
-                    "AND name = ?", (shape_id, *key)).fetchone()
+                    "AND name = ?",
+                    (shape_id, *key),
+                ).fetchone()
                 previous[key] = (bytes(row[0]), bytes(row[1])) if row else None
             before = previous[key]
             prev_labels = before[0] if before else None
             labels_changed = before is not None and prev_labels != change.labels
-            records.append(EventRecord(
-                seq=seq, type=change.type, rv=change.rv, batch=False,
-                namespace=change.namespace, name=change.name, labels=change.labels,
-                prev_labels=prev_labels,
-                prev_raw=before[1] if labels_changed and before else None,
-                raw=change.raw,
-            ))
+            records.append(
+                EventRecord(
+                    seq=seq,
+                    type=change.type,
+                    rv=change.rv,
+                    batch=False,
+                    namespace=change.namespace,
+                    name=change.name,
+                    labels=change.labels,
+                    prev_labels=prev_labels,
+                    prev_raw=before[1] if labels_changed and before else None,
+                    raw=change.raw,
+                )
+            )
             if change.type is ChangeType.DELETED:
                 previous[key] = None
                 connection.executemany(_UPSERT_OBJECT, upserts)  # keep the order of changes
@@ -100,8 +119,17 @@ def apply_changes(
                 connection.execute(_DELETE_OBJECT, (shape_id, *key))
             else:
                 previous[key] = (change.labels, change.raw)
-                upserts.append((shape_id, change.namespace, change.name, change.uid, change.rv,
-                                change.labels, change.raw))
+                upserts.append(
+                    (
+                        shape_id,
+                        change.namespace,
+                        change.name,
+                        change.uid,
+                        change.rv,
+                        change.labels,
+                        change.raw,
+                    )
+                )
                 if len(upserts) >= CHUNK:
                     connection.executemany(_UPSERT_OBJECT, upserts)
                     upserts.clear()
@@ -109,14 +137,25 @@ def apply_changes(
         connection.executemany(_INSERT_EVENT, (_event_row(shape_id, r, now) for r in records))
         rv = changes[-1].rv if changes else ""
         if changes:
-            connection.execute("UPDATE shapes SET rv = ?, last_seq = ? WHERE id = ?",
-                               (rv, seq, shape_id))
+            connection.execute(
+                "UPDATE shapes SET rv = ?, last_seq = ? WHERE id = ?", (rv, seq, shape_id)
+            )
     return Committed(rv=rv, last_seq=seq, count=len(records), records=tuple(records[-tail:]))
 
 
 def _bookmark(seq: int, rv: str, *, batch: bool = False) -> EventRecord:
-    return EventRecord(seq=seq, type=ChangeType.BOOKMARK, rv=rv, batch=batch, namespace="",
-                       name="", labels=None, prev_labels=None, prev_raw=None, raw=None)
+    return EventRecord(
+        seq=seq,
+        type=ChangeType.BOOKMARK,
+        rv=rv,
+        batch=batch,
+        namespace="",
+        name="",
+        labels=None,
+        prev_labels=None,
+        prev_raw=None,
+        raw=None,
+    )
 
 
 def stage(connection: sqlite3.Connection, *, shape_id: int, objects: Iterable[Change]) -> None:
@@ -125,8 +164,10 @@ def stage(connection: sqlite3.Connection, *, shape_id: int, objects: Iterable[Ch
         connection.executemany(
             "INSERT OR REPLACE INTO staging (shape_id, namespace, name, uid, rv, rv_order, "
             "labels, raw) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            ((shape_id, o.namespace, o.name, o.uid, o.rv, o.rv_order, o.labels, o.raw)
-             for o in objects),
+            (
+                (shape_id, o.namespace, o.name, o.uid, o.rv, o.rv_order, o.labels, o.raw)
+                for o in objects
+            ),
         )
 
 
@@ -153,8 +194,9 @@ def finish_list(
     """
     now = time.time()
     with connection:
-        shape = connection.execute("SELECT rv, last_seq FROM shapes WHERE id = ?",
-                                   (shape_id,)).fetchone()
+        shape = connection.execute(
+            "SELECT rv, last_seq FROM shapes WHERE id = ?", (shape_id,)
+        ).fetchone()
         first_list = shape[0] is None
         seq = int(shape[1])
         records: list[EventRecord] = []
@@ -171,27 +213,36 @@ def finish_list(
             connection.execute(
                 "INSERT INTO objects (shape_id, namespace, name, uid, rv, labels, raw) "
                 "SELECT shape_id, namespace, name, uid, rv, labels, raw FROM staging "
-                "WHERE shape_id = ?", (shape_id,))
+                "WHERE shape_id = ?",
+                (shape_id,),
+            )
         else:
             changed = connection.execute(
                 "SELECT s.namespace, s.name, s.uid, s.rv, s.labels, s.raw, o.labels, o.raw "
                 "FROM staging s LEFT JOIN objects o ON o.shape_id = s.shape_id "
                 "AND o.namespace = s.namespace AND o.name = s.name "
                 "WHERE s.shape_id = ? AND (o.rv IS NULL OR o.rv != s.rv OR o.uid != s.uid) "
-                "ORDER BY s.rv_order, s.rv", (shape_id,))
+                "ORDER BY s.rv_order, s.rv",
+                (shape_id,),
+            )
             upserts = []
             for namespace, name, uid, obj_rv, labels, raw, old_labels, old_raw in changed:
                 seq += 1
                 labels_changed = old_labels is not None and bytes(old_labels) != bytes(labels)
-                records.append(EventRecord(
-                    seq=seq,
-                    type=ChangeType.ADDED if old_labels is None else ChangeType.MODIFIED,
-                    rv=obj_rv, batch=True, namespace=namespace, name=name,
-                    labels=bytes(labels),
-                    prev_labels=bytes(old_labels) if old_labels is not None else None,
-                    prev_raw=bytes(old_raw) if labels_changed else None,
-                    raw=bytes(raw),
-                ))
+                records.append(
+                    EventRecord(
+                        seq=seq,
+                        type=ChangeType.ADDED if old_labels is None else ChangeType.MODIFIED,
+                        rv=obj_rv,
+                        batch=True,
+                        namespace=namespace,
+                        name=name,
+                        labels=bytes(labels),
+                        prev_labels=bytes(old_labels) if old_labels is not None else None,
+                        prev_raw=bytes(old_raw) if labels_changed else None,
+                        raw=bytes(raw),
+                    )
+                )
                 upserts.append((shape_id, namespace, name, uid, obj_rv, labels, raw))
                 if len(upserts) >= CHUNK:
                     flush()
@@ -201,19 +252,31 @@ def finish_list(
                 "SELECT o.namespace, o.name, o.labels, o.raw FROM objects o "
                 "LEFT JOIN staging s ON s.shape_id = o.shape_id AND s.namespace = o.namespace "
                 "AND s.name = o.name WHERE o.shape_id = ? AND s.name IS NULL "
-                "ORDER BY o.namespace, o.name", (shape_id,)).fetchall()
+                "ORDER BY o.namespace, o.name",
+                (shape_id,),
+            ).fetchall()
             for namespace, name, labels, raw in vanished:
                 seq += 1
-                records.append(EventRecord(
-                    seq=seq, type=ChangeType.DELETED, rv=rv, batch=True, namespace=namespace,
-                    name=name, labels=bytes(labels), prev_labels=bytes(labels), prev_raw=None,
-                    raw=with_resource_version(bytes(raw), rv),
-                ))
+                records.append(
+                    EventRecord(
+                        seq=seq,
+                        type=ChangeType.DELETED,
+                        rv=rv,
+                        batch=True,
+                        namespace=namespace,
+                        name=name,
+                        labels=bytes(labels),
+                        prev_labels=bytes(labels),
+                        prev_raw=None,
+                        raw=with_resource_version(bytes(raw), rv),
+                    )
+                )
                 if len(records) >= CHUNK:
                     flush()
             connection.executemany(_UPSERT_OBJECT, upserts)
-            connection.executemany(_DELETE_OBJECT,
-                                   ((shape_id, ns, name) for ns, name, _, _ in vanished))
+            connection.executemany(
+                _DELETE_OBJECT, ((shape_id, ns, name) for ns, name, _, _ in vanished)
+            )
         # The list RV is a position in the log: a client holding it resumes right after it.
         seq += 1
         records.append(_bookmark(seq, rv, batch=not first_list))
@@ -222,13 +285,12 @@ def finish_list(
         connection.execute(
             "UPDATE shapes SET rv = ?, last_seq = ?, kind = ?, api_version = ?, listed_at = ?, "
             "log_start_rv = COALESCE(log_start_rv, ?) WHERE id = ?",
-            (rv, seq, kind, api_version, now, rv, shape_id))
+            (rv, seq, kind, api_version, now, rv, shape_id),
+        )
     return Committed(rv=rv, last_seq=seq, count=count, records=tuple(records[-tail:]))
 
 
-def trim(
-    connection: sqlite3.Connection, *, shape_id: int, max_events: int, max_age: float
-) -> int:
+def trim(connection: sqlite3.Connection, *, shape_id: int, max_events: int, max_age: float) -> int:
     """Drop log entries beyond the retention limits; returns how many were dropped.
 
     The log then starts at the RV of the newest dropped entry. A cut never splits a relist
@@ -239,23 +301,27 @@ def trim(
         cutoff = last_seq - max_events
         aged = connection.execute(
             "SELECT max(seq) FROM events WHERE shape_id = ? AND at < ?",
-            (shape_id, time.time() - max_age)).fetchone()[0]
+            (shape_id, time.time() - max_age),
+        ).fetchone()[0]
         if aged is not None:
             cutoff = max(cutoff, int(aged))
         if cutoff <= 0:
             return 0
         row = connection.execute(
             "SELECT rv, batch FROM events WHERE shape_id = ? AND seq <= ? "
-            "ORDER BY seq DESC LIMIT 1", (shape_id, cutoff)).fetchone()
+            "ORDER BY seq DESC LIMIT 1",
+            (shape_id, cutoff),
+        ).fetchone()
         if row is None:
             return 0
         start_rv, batch = row
         if batch:
             cutoff = connection.execute(
                 "SELECT max(seq) FROM events WHERE shape_id = ? AND rv = ? AND batch = 1",
-                (shape_id, start_rv)).fetchone()[0]
+                (shape_id, start_rv),
+            ).fetchone()[0]
         dropped = connection.execute(
-            "DELETE FROM events WHERE shape_id = ? AND seq <= ?", (shape_id, cutoff)).rowcount
-        connection.execute("UPDATE shapes SET log_start_rv = ? WHERE id = ?",
-                           (start_rv, shape_id))
+            "DELETE FROM events WHERE shape_id = ? AND seq <= ?", (shape_id, cutoff)
+        ).rowcount
+        connection.execute("UPDATE shapes SET log_start_rv = ? WHERE id = ?", (start_rv, shape_id))
     return int(dropped)

@@ -8,6 +8,9 @@ behaviour that show up in list/watch error messages. Nothing here does I/O.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
+
+import orjson
 
 __all__ = [
     "INT64_MAX",
@@ -15,6 +18,7 @@ __all__ = [
     "UINT64_MAX",
     "GoNumError",
     "go_json",
+    "go_json_bytes",
     "go_quote",
     "parse_int64",
     "parse_uint64",
@@ -107,6 +111,30 @@ def go_json(value: str | Sequence[str]) -> str:
     if isinstance(value, str):
         return _go_json_string(value)
     return "[" + ",".join(_go_json_string(item) for item in value) + "]"
+
+
+_HTML_UNSAFE = (
+    (b"<", b"\\u003c"),
+    (b">", b"\\u003e"),
+    (b"&", b"\\u0026"),
+    ("\u2028".encode(), b"\\u2028"),
+    ("\u2029".encode(), b"\\u2029"),
+)
+
+
+def go_json_bytes(value: Any, *, indent: bool = False) -> bytes:
+    """Serialise like the apiserver's JSON encoder: compact (or, with ``indent``, indented by
+    two spaces as ``json.MarshalIndent``), and with ``<``, ``>``, ``&``, U+2028 and U+2029
+    escaped as ``\\u003c``-style sequences (Go's default HTML escaping).
+
+    Those characters can only occur inside JSON strings, so replacing them in orjson's output
+    is exact. Key order is the caller's (insertion order).
+    """
+    raw = orjson.dumps(value, option=orjson.OPT_INDENT_2 if indent else None)
+    for plain, escaped in _HTML_UNSAFE:
+        if plain in raw:
+            raw = raw.replace(plain, escaped)
+    return raw
 
 
 class GoNumError(ValueError):

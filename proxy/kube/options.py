@@ -76,11 +76,12 @@ def first_values(query: QueryInput) -> dict[str, str]:
     """
     out: dict[str, str] = {}
     if isinstance(query, Mapping):
+        # A multidict's items() yields every pair, repeats included: keep the first.
         for key, value in query.items():
             if isinstance(value, str):
-                out[key] = value
+                out.setdefault(key, value)
             elif value:
-                out[key] = value[0]
+                out.setdefault(key, value[0])
         return out
     for key, value in query:
         out.setdefault(key, value)

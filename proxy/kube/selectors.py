@@ -45,6 +45,8 @@ __all__ = [
     "Operator",
     "SelectorSyntaxError",
     "escape_field_value",
+    "field_label_not_known",
+    "field_label_not_supported",
     "generic_fields",
 ]
 
@@ -73,6 +75,21 @@ class Operator(enum.StrEnum):
 
 # ============================================================================ labels
 
+_MATCH_VALUE: Final = frozenset({Operator.EQUALS, Operator.DOUBLE_EQUALS, Operator.IN})
+_EXCLUDE_VALUE: Final = frozenset({Operator.NOT_EQUALS, Operator.NOT_IN})
+
+
+def _compare_integer(op: Operator, value: str | None, values: tuple[str, ...]) -> bool:
+    """``>``/``<``: both sides must parse as int64, else no match."""
+    if value is None or len(values) != 1:
+        return False
+    try:
+        have = parse_int64(value)
+        want = parse_int64(values[0])
+    except GoNumError:
+        return False
+    return have > want if op is Operator.GREATER_THAN else have < want
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class LabelRequirement:
@@ -89,23 +106,15 @@ class LabelRequirement:
         need the label to parse as an int64 (otherwise no match)."""
         op = self.operator
         value = labels.get(self.key)
-        if op in (Operator.EQUALS, Operator.DOUBLE_EQUALS, Operator.IN):
+        if op in _MATCH_VALUE:
             return value is not None and value in self.values
-        if op in (Operator.NOT_EQUALS, Operator.NOT_IN):
+        if op in _EXCLUDE_VALUE:
             return value is None or value not in self.values
         if op is Operator.EXISTS:
             return value is not None
         if op is Operator.DOES_NOT_EXIST:
             return value is None
-        # GREATER_THAN / LESS_THAN
-        if value is None or len(self.values) != 1:
-            return False
-        try:
-            have = parse_int64(value)
-            want = parse_int64(self.values[0])
-        except GoNumError:
-            return False
-        return have > want if op is Operator.GREATER_THAN else have < want
+        return _compare_integer(op, value, self.values)
 
     def __str__(self) -> str:
         """``Requirement.String()``."""
@@ -460,6 +469,23 @@ GENERIC_FIELD_LABELS: Final = frozenset({"metadata.name", "metadata.namespace"})
 def generic_fields(*, name: str, namespace: str) -> dict[str, str]:
     """The field set a field selector on generic labels matches against."""
     return {"metadata.name": name, "metadata.namespace": namespace}
+
+
+def field_label_not_supported(label: str) -> StatusError:
+    """The apiserver's 400 for a field label a type with its own field-label conversion does
+    not support (pods, nodes, namespaces, secrets, events, services, custom resources, ...):
+    ``field label not supported: spec.foo``. Nodes and namespaces answer this way for
+    ``metadata.namespace`` too."""
+    return StatusError.bad_request(f"field label not supported: {label}")
+
+
+def field_label_not_known(label: str) -> StatusError:
+    """The apiserver's 400 for a field label of a type without its own conversion
+    (configmaps, deployments, ...; ``runtime.DefaultMetaV1FieldSelectorConversion``):
+    ``"spec.foo" is not a known field selector: only "metadata.name", "metadata.namespace"``."""
+    return StatusError.bad_request(
+        f'{go_quote(label)} is not a known field selector: only "metadata.name", "metadata.namespace"'
+    )
 
 
 def escape_field_value(value: str) -> str:

@@ -11,9 +11,14 @@ Wire form (key order as Go's encoder writes ``metav1.Status``)::
     {"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure",
      "message":"...","reason":"...","details":{...},"code":422}
 
-Empty ``message``/``reason`` are omitted (Go ``omitempty``); ``details`` is omitted when it
-has no content. (The apiserver writes ``"details":{}`` for a few errors that allocate an empty
-details object, e.g. ``NewTimeoutError`` with no retry; clients do not distinguish the two.)
+Empty ``message``/``reason`` are omitted (Go ``omitempty``). ``details`` is written whenever
+the error has a :class:`Details`, even an empty one (``"details":{}``), and omitted when it
+is None: each constructor allocates details exactly where apimachinery does (for example
+``NewTooManyRequests`` always, ``NewBadRequest`` never).
+
+The apiserver writes the compact form followed by a newline; when the client's ``Accept``
+header cannot be satisfied it writes the indented form instead (no trailing newline):
+:meth:`StatusError.to_http_body` gives either.
 """
 
 from __future__ import annotations
@@ -23,10 +28,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from proxy.kube.field_errors import FieldError, aggregate_message
-from proxy.kube.gocompat import go_quote
+from proxy.kube.gocompat import go_json_bytes, go_quote
 from proxy.kube.payloads import ListMeta, StatusCause, StatusDetails, StatusPayload, WatchEvent
 
 __all__ = [
@@ -146,6 +149,19 @@ class Details:
         )
 
 
+_CONTINUE_EXPIRED = (
+    "The provided continue parameter is too old to display a consistent list result. "
+    "You can start a new list without the continue parameter."
+)
+_INCONSISTENT_CONTINUE = (
+    "The provided continue parameter is too old to display a consistent list result. "
+    "You can start a new list without the continue parameter, or use the continue token in "
+    "this response to retrieve the remainder of the results. Continuing with the provided "
+    "token results in an inconsistent list - objects that were created, modified, or deleted "
+    "between the time the first chunk was returned and now may show up in the list."
+)
+
+
 def qualified_name(*, group: str, name: str) -> str:
     """``schema.GroupResource.String()`` / ``GroupKind.String()``: ``name.group``, or ``name``
     for the core group."""
@@ -212,14 +228,21 @@ class StatusError(Exception):
             payload["message"] = self.message
         if self.reason:
             payload["reason"] = self.reason
-        if self.details is not None and not self.details.is_empty:
+        if self.details is not None:
             payload["details"] = self.details.to_payload()
         payload["code"] = self.code
         return payload  # type: ignore[return-value]
 
-    def to_json(self) -> bytes:
-        """The JSON body (no trailing newline)."""
-        return orjson.dumps(self.to_payload())
+    def to_json(self, *, pretty: bool = False) -> bytes:
+        """The Status as JSON, escaped like Go (``<>&``), without a trailing newline.
+        ``pretty``: indented by two spaces like Go's ``json.MarshalIndent``."""
+        return go_json_bytes(self.to_payload(), indent=pretty)
+
+    def to_http_body(self, *, pretty: bool = False) -> bytes:
+        """The HTTP error body byte for byte: compact JSON plus ``\\n``, or (``pretty``, used
+        by the apiserver when the ``Accept`` header matched nothing it serves) the indented
+        JSON with no newline."""
+        return self.to_json(pretty=True) if pretty else self.to_json() + b"\n"
 
     def to_watch_event(self) -> WatchEvent:
         """The ERROR event reporting this failure inside a watch stream."""
@@ -335,9 +358,41 @@ class StatusError(Exception):
         )
 
     @classmethod
+    def not_acceptable_representation(cls, available: Sequence[str]) -> StatusError:
+        """406 from route matching, when no media type of the ``Accept`` header is served at
+        all (``NewGenericServerResponse`` of go-restful's error): message
+        ``406: Not Acceptable\\n\\nAvailable representations: a, b``, empty details. The
+        apiserver writes it with ``to_http_body(pretty=True)``."""
+        return cls(
+            code=406,
+            reason=Reason.NOT_ACCEPTABLE,
+            message="406: Not Acceptable\n\nAvailable representations: " + ", ".join(available),
+            details=Details(),
+        )
+
+    @classmethod
     def expired(cls, message: str, *, continue_token: str | None = None) -> StatusError:
         """410 Expired (``NewResourceExpired``)."""
         return cls(code=410, reason=Reason.EXPIRED, message=message, continue_token=continue_token)
+
+    @classmethod
+    def list_expired(cls) -> StatusError:
+        """410 for an Exact/paginated LIST at a revision etcd has compacted."""
+        return cls.expired("The resourceVersion for the provided list is too old.")
+
+    @classmethod
+    def watch_expired(cls) -> StatusError:
+        """410 for a watch etcd itself reports as compacted (outside the watch cache)."""
+        return cls.expired("The resourceVersion for the provided watch is too old.")
+
+    @classmethod
+    def continue_expired(cls, *, continue_token: str | None) -> StatusError:
+        """410 for a continue token whose revision was compacted. With ``continue_token``
+        (a fresh token with ``rv=-1``, to finish the list at the latest revision,
+        inconsistently) it carries the apiserver's longer text and ``metadata.continue``."""
+        if continue_token is None:
+            return cls.expired(_CONTINUE_EXPIRED)
+        return cls.expired(_INCONSISTENT_CONTINUE, continue_token=continue_token)
 
     @classmethod
     def too_old_resource_version(

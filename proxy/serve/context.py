@@ -17,7 +17,7 @@ class ServeSettings:
     """Periodic BOOKMARKs on watches that allow them (the apiserver sends one about every
     minute) keep clients' RVs fresh, so their resumes land inside the log."""
     min_request_timeout: float = 1800.0
-    """A watch without ``timeoutSeconds`` ends after this × [1, 2), as the apiserver's
+    """A watch without ``timeoutSeconds`` ends after this times [1, 2), as the apiserver's
     ``--min-request-timeout`` does, spreading reconnects out."""
     too_large_wait: float = 3.0
     """A read for an RV the cache has not reached waits this long before 504 (the apiserver

@@ -73,6 +73,6 @@ async def serve_list(
     resource = shape.resource
     ctx.metrics.list_bytes.labels(resource=resource, source="cache").inc(sent + len(head) + 3)
     ctx.metrics.list_duration.labels(resource=resource, source="cache").observe(
-        time.monotonic() - started)
+        time.monotonic() - started
+    )
     return response
-

@@ -42,8 +42,12 @@ async def read_collection(
         if semantics.kind is ListSemanticsKind.NOT_OLDER_THAN:
             not_older_than = semantics.resource_version
 
-    wanted = Request(gvr=path.gvr, namespace=path.namespace,
-                     label_selector=options.label_selector, field_selector=options.field_selector)
+    wanted = Request(
+        gvr=path.gvr,
+        namespace=path.namespace,
+        label_selector=options.label_selector,
+        field_selector=options.field_selector,
+    )
     namespaced = True if path.namespace else None
     shape = ctx.syncer.find(wanted, namespaced=namespaced)
     if shape is None or shape.rv is None:
@@ -61,17 +65,31 @@ async def read_collection(
 
     view = Filter()
     if wanted.needs_filter(shape.key):
-        view = Filter(namespace=path.namespace, labels=options.label_selector,
-                      fields=options.field_selector)
+        view = Filter(
+            namespace=path.namespace, labels=options.label_selector, fields=options.field_selector
+        )
     if options.is_watch:
-        watch = Watch(ctx=ctx, shape=shape, view=view, options=options,
-                      start=watch_start(options), representation=representation,
-                      request=request)
+        watch = Watch(
+            ctx=ctx,
+            shape=shape,
+            view=view,
+            options=options,
+            start=watch_start(options),
+            representation=representation,
+            request=request,
+        )
         return await watch.serve()
-    return await serve_list(request, ctx=ctx, shape=shape, view=view,
-                            representation=representation, not_older_than=not_older_than)
+    return await serve_list(
+        request,
+        ctx=ctx,
+        shape=shape,
+        view=view,
+        representation=representation,
+        not_older_than=not_older_than,
+    )
 
 
 async def _pass(request: web.Request, ctx: Context) -> web.StreamResponse:
-    return await pass_through(request, upstream=ctx.upstream, credentials=ctx.credentials,
-                              discovery=ctx.discovery)
+    return await pass_through(
+        request, upstream=ctx.upstream, credentials=ctx.credentials, discovery=ctx.discovery
+    )

@@ -18,8 +18,15 @@ METADATA_API_VERSION = "meta.k8s.io/v1"
 
 
 def list_head(*, kind: str, api_version: str, rv: str) -> bytes:
-    return (b'{"kind":' + orjson.dumps(kind) + b',"apiVersion":' + orjson.dumps(api_version)
-            + b',"metadata":{"resourceVersion":' + orjson.dumps(rv) + b'},"items":[')
+    return (
+        b'{"kind":'
+        + orjson.dumps(kind)
+        + b',"apiVersion":'
+        + orjson.dumps(api_version)
+        + b',"metadata":{"resourceVersion":'
+        + orjson.dumps(rv)
+        + b'},"items":['
+    )
 
 
 LIST_TAIL = b"]}\n"
@@ -35,12 +42,19 @@ def bookmark(*, kind: str, api_version: str, rv: str, initial_events_end: bool =
     metadata: dict[str, Any] = {"resourceVersion": rv}
     if initial_events_end:
         metadata["annotations"] = {INITIAL_EVENTS_END_ANNOTATION: "true"}
-    return watch_frame(ChangeType.BOOKMARK, orjson.dumps(
-        {"kind": kind, "apiVersion": api_version, "metadata": metadata}))
+    return watch_frame(
+        ChangeType.BOOKMARK,
+        orjson.dumps({"kind": kind, "apiVersion": api_version, "metadata": metadata}),
+    )
 
 
 def partial_metadata(raw: bytes) -> bytes:
     """The object reduced to ``PartialObjectMetadata`` (metadata-only clients)."""
     obj = orjson.loads(raw)
-    return orjson.dumps({"kind": "PartialObjectMetadata", "apiVersion": METADATA_API_VERSION,
-                         "metadata": obj.get("metadata", {})})
+    return orjson.dumps(
+        {
+            "kind": "PartialObjectMetadata",
+            "apiVersion": METADATA_API_VERSION,
+            "metadata": obj.get("metadata", {}),
+        }
+    )

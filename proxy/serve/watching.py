@@ -29,7 +29,7 @@ from proxy.serve.listing import wait_for_rv
 from proxy.serve.negotiating import Representation
 
 
-class SlowClient(Exception):  # noqa: N818
+class SlowClient(Exception):
     """The client did not accept a write within the slow-write timeout."""
 
 
@@ -55,10 +55,13 @@ class Watch:
         self.metadata_only = representation is Representation.METADATA
         self.request = request
         self.response = web.StreamResponse(
-            status=200, headers={"Content-Type": "application/json",
-                                 "Cache-Control": "no-cache, private"})
-        timeout = options.timeout_seconds
-        if timeout is None or timeout <= 0:
+            status=200,
+            headers={"Content-Type": "application/json", "Cache-Control": "no-cache, private"},
+        )
+        timeout: float
+        if options.timeout_seconds is not None and options.timeout_seconds > 0:
+            timeout = options.timeout_seconds
+        else:
             timeout = ctx.settings.min_request_timeout * random.uniform(1.0, 2.0)
         self.deadline = time.monotonic() + timeout
         self.cursor = 0
@@ -82,9 +85,14 @@ class Watch:
         kind, api_version = self.kind, self.api_version
         if self.metadata_only:
             kind, api_version = "PartialObjectMetadata", rendering.METADATA_API_VERSION
-        await self._write(rendering.bookmark(kind=kind, api_version=api_version,
-                                             rv=self.position_rv,
-                                             initial_events_end=initial_events_end))
+        await self._write(
+            rendering.bookmark(
+                kind=kind,
+                api_version=api_version,
+                rv=self.position_rv,
+                initial_events_end=initial_events_end,
+            )
+        )
 
     async def _error(self, error: StatusError) -> None:
         with contextlib.suppress(SlowClient, ConnectionError):
@@ -105,8 +113,9 @@ class Watch:
         except StatusError as error:
             await self._error(error)
         except LogTrimmed:
-            await self._error(StatusError.expired(
-                "the watch fell behind the retained event log; relist"))
+            await self._error(
+                StatusError.expired("the watch fell behind the retained event log; relist")
+            )
         except (SlowClient, ConnectionError):
             if self.request.transport is not None:
                 self.request.transport.close()  # the client resumes from its last RV
@@ -151,8 +160,9 @@ class Watch:
         next_bookmark = time.monotonic() + settings.bookmark_interval
         resource = self.shape.resource
         while True:
-            records = await self.ctx.store.read_events(self.shape, after=self.cursor,
-                                                       limit=settings.event_batch)
+            records = await self.ctx.store.read_events(
+                self.shape, after=self.cursor, limit=settings.event_batch
+            )
             if records:
                 frames = []
                 for record in records:

@@ -36,6 +36,7 @@ import os
 import ssl
 import time
 import urllib.parse
+import urllib.request
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +66,7 @@ __all__ = [
     "Target",
     "Upstream",
     "connect",
+    "proxy_for",
 ]
 
 logger = logging.getLogger(__name__)
@@ -266,8 +268,10 @@ class Upstream:
         )
         return aiohttp.ClientSession(
             connector=connector,
-            # HTTPS_PROXY / NO_PROXY from the environment, as client-go honours them.
-            trust_env=True,
+            # Not aiohttp's trust_env: it would also apply ~/.netrc credentials (lending them
+            # to clients, or clashing with our Authorization) with a thread hop per request.
+            # The proxy from the environment is resolved once, in connect().
+            trust_env=False,
             read_bufsize=self.settings.read_bufsize,
             max_line_size=self.settings.max_header_size,
             max_field_size=self.settings.max_header_size,
@@ -338,7 +342,7 @@ class Upstream:
         params: Params | None = None,
         headers: Mapping[str, str] | None = None,
         data: Body | None = None,
-        timeout: float | None = None,  # noqa: ASYNC109 - per-socket, see below
+        timeout: float | None = None,
         stream: bool = False,
         credentials: Credentials = "sidecar",
         verb: str | None = None,
@@ -361,8 +365,9 @@ class Upstream:
 
         Any status is yielded (check ``response.status``). A failure to connect or to get an
         answer raises :class:`UpstreamUnavailable`; so does an aiohttp transport error, or a
-        ``TimeoutError``, raised while the body is read inside the ``async with`` block (so
-        put your own ``asyncio.timeout`` around the block, not inside it). A 401 answer to
+        ``TimeoutError``, raised while the body is read inside the ``async with`` block, when
+        it leaves the block (inside the block it is still aiohttp's; put your own
+        ``asyncio.timeout`` around the block, not inside it). A 401 answer to
         the sidecar's credentials makes the next request refresh them.
         """
         async with self._open(
@@ -434,7 +439,7 @@ class Upstream:
         headers: Mapping[str, str] | None = None,
         data: bytes | None = None,
         json: Any = None,
-        timeout: float | None = None,  # noqa: ASYNC109 - aiohttp's total, see request()
+        timeout: float | None = None,
         credentials: Credentials = "sidecar",
         verb: str | None = None,
     ) -> dict[str, Any]:
@@ -498,7 +503,8 @@ class Upstream:
         ``watch_deadline_slack``: the apiserver ends the watch at T, so a stream still open
         after that sits on a connection that went silently dead (HTTP/1.1 has no pings).
         ``idle_timeout`` (default ``stream_idle_timeout``) limits the silence between chunks.
-        Errors while iterating raise :class:`UpstreamUnavailable`.
+        Transport errors and timeouts while iterating raise :class:`UpstreamUnavailable`
+        from the iterator itself.
         """
         url = self.url(target, params=params)
         deadline: float | None = None
@@ -522,7 +528,16 @@ class Upstream:
                 raise UpstreamStatusError.from_response(
                     code=response.status, body=body, headers=response.headers
                 )
-            yield response.content.iter_any()
+            yield self._chunks(response)
+
+    async def _chunks(self, response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+        # Map transport errors where they happen, so a caller catching inside its
+        # ``async with`` block sees UpstreamUnavailable too.
+        try:
+            async for chunk in response.content.iter_any():
+                yield chunk
+        except (aiohttp.ClientError, TimeoutError) as error:
+            raise UpstreamUnavailable(_describe(error, self.base_url)) from error
 
     @contextlib.asynccontextmanager
     async def websocket(
@@ -657,8 +672,25 @@ async def connect(settings: ConnectionSettings, *, metrics: Metrics) -> Upstream
         sidecar_ssl=sidecar_ssl,
         anonymous_ssl=anonymous_ssl,
         server_hostname=configuration.tls_server_name or None,
-        proxy=configuration.proxy or None,
+        proxy=proxy_for(base_url, configured=configuration.proxy or None),
     )
+
+
+def proxy_for(url: str, *, configured: str | None) -> str | None:
+    """The HTTP proxy for the apiserver at ``url``, as client-go chooses it: the kubeconfig's
+    ``proxy-url`` if set, else ``HTTPS_PROXY``/``HTTP_PROXY`` by scheme unless ``NO_PROXY``
+    matches (Go's ``http.ProxyFromEnvironment``, which never proxies loopback hosts)."""
+    if configured:
+        return configured
+    parsed = yarl.URL(url)
+    host = parsed.host or ""
+    if host in ("localhost", "127.0.0.1", "::1") or host.startswith("127."):
+        return None
+    proxies = urllib.request.getproxies()
+    proxy = proxies.get(parsed.scheme or "https")
+    if not proxy or urllib.request.proxy_bypass(host):
+        return None
+    return proxy
 
 
 def _default_kubeconfig() -> str | None:

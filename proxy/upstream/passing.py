@@ -28,7 +28,8 @@ Protocol quirks handled here:
   connection is aborted so the truncation is visible (a clean end of a chunked body would
   pass a cut JSON document off as complete).
 - Only WebSocket upgrades are relayed. SPDY/3.1 upgrades (kubectl before 1.30/1.31) are
-  answered 400; current kubectl negotiates WebSocket first.
+  answered 400; current kubectl negotiates WebSocket first. Other upgrades (curl's ``h2c``)
+  are ignored and the request proceeds as HTTP/1.1.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from multidict import CIMultiDict, MultiMapping
 from proxy.kube.options import parse_bool
 from proxy.kube.status import StatusError
 from proxy.upstream.connecting import Credentials, Upstream
-from proxy.upstream.errors import UpstreamStatusError, UpstreamUnavailable
+from proxy.upstream.errors import UpstreamAuthError, UpstreamStatusError, UpstreamUnavailable
 
 __all__ = [
     "CachedDocument",
@@ -187,11 +188,6 @@ def is_long_running(request: web.BaseRequest) -> bool:
     return any(part in _LONG_RUNNING_SUBRESOURCES for part in parts[2:])
 
 
-def _is_websocket_upgrade(request: web.BaseRequest) -> bool:
-    upgrade = request.headers.get("Upgrade", "")
-    return "websocket" in upgrade.lower()
-
-
 def _forwarded_request_headers(
     request: web.BaseRequest, *, websocket: bool = False
 ) -> CIMultiDict[str]:
@@ -261,10 +257,35 @@ async def pass_through(
     cached, the answer is a 503 ServiceUnavailable Status.
     """
     settings = settings or PassthroughSettings()
+    try:
+        return await _dispatch(
+            request,
+            upstream=upstream,
+            credentials=credentials,
+            discovery=discovery,
+            settings=settings,
+        )
+    except UpstreamAuthError as error:
+        # The sidecar's own credentials failed to load or refresh: not the apiserver's
+        # answer, and not something the client can fix.
+        logger.error("Passthrough %s %s: %s", request.method, request.path, error)
+        _count(upstream, request.method.upper(), "error")
+        return _status_response(StatusError.internal_error(error))
+
+
+async def _dispatch(
+    request: web.Request,
+    *,
+    upstream: Upstream,
+    credentials: Credentials,
+    discovery: DiscoveryCache | None,
+    settings: PassthroughSettings,
+) -> web.StreamResponse:
     verb = request.method.upper()
-    if request.headers.get("Upgrade"):
-        if _is_websocket_upgrade(request):
-            return await _relay_websocket(request, upstream=upstream, credentials=credentials)
+    upgrade = request.headers.get("Upgrade", "").lower()
+    if "websocket" in upgrade:
+        return await _relay_websocket(request, upstream=upstream, credentials=credentials)
+    if upgrade.startswith("spdy/"):
         refused = _status_response(
             StatusError.bad_request(
                 f"upgrade to {request.headers['Upgrade']!r} is not supported by warmwatch; "
@@ -273,6 +294,8 @@ async def pass_through(
         )
         _count(upstream, verb, refused.status)
         return refused
+    # Any other Upgrade (e.g. curl's h2c) is ignored, as a server may: it is hop-by-hop and
+    # not forwarded, and the request proceeds as HTTP/1.1.
     if discovery is not None and verb == "GET" and is_discovery_path(request.path):
         return await _discovery(
             request, upstream=upstream, credentials=credentials, cache=discovery, settings=settings
@@ -288,6 +311,10 @@ async def pass_through(
 
 def _count(upstream: Upstream, verb: str, code: int | str) -> None:
     upstream.metrics.passthrough_requests.labels(verb=verb, code=str(code)).inc()
+
+
+class _ClientGone(Exception):
+    """The client disconnected while its answer was streamed (not an upstream failure)."""
 
 
 class _Collector:
@@ -366,7 +393,10 @@ async def _forward(
                 collector.headers = kept
             else:
                 collector = None
-            await response.prepare(request)
+            try:
+                await response.prepare(request)
+            except ConnectionError as error:
+                raise _ClientGone(str(error)) from error
             pump = _pump(upstream_response, response, collector)
             if long_running:
                 await _until_client_leaves(request, pump, settings=settings)
@@ -382,12 +412,10 @@ async def _forward(
         logger.info("Passthrough %s %s cut by the apiserver side: %s", verb, request.path, error)
         _abort(request)
         return response
-    except ConnectionError:
-        # The client went away (aiohttp raises ConnectionResetError on write).
+    except _ClientGone:
         logger.debug("Passthrough %s %s: client disconnected", verb, request.path)
         _abort(request)
-        if response is None:
-            raise
+        assert response is not None  # raised only once the answer has begun
         return response
 
 
@@ -398,10 +426,18 @@ async def _pump(
 ) -> None:
     """Copy the body as it arrives: every chunk is written to the client at once."""
     async for chunk in source.content.iter_any():
-        await sink.write(chunk)
+        try:
+            await sink.write(chunk)
+        except ConnectionError as error:
+            # aiohttp raises ClientConnectionResetError, which is also an aiohttp
+            # ClientError: re-raised as is, it would pass for an upstream failure.
+            raise _ClientGone(str(error)) from error
         if collector is not None:
             collector.add(chunk)
-    await sink.write_eof()
+    try:
+        await sink.write_eof()
+    except ConnectionError as error:
+        raise _ClientGone(str(error)) from error
 
 
 async def _until_client_leaves(
@@ -411,7 +447,7 @@ async def _until_client_leaves(
     settings: PassthroughSettings,
 ) -> None:
     """Run ``pump`` until it ends, or until the client disconnects (then cancel it and raise
-    ConnectionResetError). aiohttp tells a handler about a gone client only when it writes,
+    _ClientGone). aiohttp tells a handler about a gone client only when it writes,
     and a quiet watch does not write: without this, the upstream watch would stay open until
     its own timeout."""
     task = asyncio.create_task(pump, name=f"passthrough {request.method} {request.path}")
@@ -419,7 +455,7 @@ async def _until_client_leaves(
         while not task.done():
             await asyncio.wait({task}, timeout=settings.client_check_interval)
             if not task.done() and request.transport is None:
-                raise ConnectionResetError("client disconnected")
+                raise _ClientGone("client disconnected")
         task.result()
     finally:
         if not task.done():
@@ -528,6 +564,10 @@ async def _relay_websocket(
     """Open the WebSocket upstream first (offering the client's subprotocols), then accept the
     client's with the subprotocol the apiserver chose, and relay frames both ways."""
     verb = request.method.upper()
+    if not web.WebSocketResponse().can_prepare(request).ok:
+        refused = _status_response(StatusError.bad_request("invalid WebSocket handshake"))
+        _count(upstream, verb, refused.status)
+        return refused
     headers = _forwarded_request_headers(request, websocket=True)
     try:
         async with upstream.websocket(
@@ -605,3 +645,6 @@ async def _relay_frames(source: _Socket, sink: _Socket) -> None:
             return
         else:  # CLOSING, CLOSED, ERROR: the source is gone
             return
+
+
+status_response = _status_response

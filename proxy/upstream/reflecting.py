@@ -50,7 +50,7 @@ class ReflectorSettings:
     """A watch that lived this long resets the backoff (client-go: 2 minutes)."""
 
 
-class Refused(Exception):  # noqa: N818 - a terminal outcome, not a bug
+class Refused(Exception):
     """The apiserver refused the shape's first list (401, 403, 404): the shape is not kept."""
 
     def __init__(self, error: UpstreamStatusError) -> None:
@@ -58,7 +58,7 @@ class Refused(Exception):  # noqa: N818 - a terminal outcome, not a bug
         self.error = error
 
 
-class Expired(Exception):  # noqa: N818
+class Expired(Exception):
     """The watch's RV is gone upstream (410): relist."""
 
 
@@ -118,8 +118,8 @@ class Reflector:
                 await self._watch()
                 if time.monotonic() - started > self.settings.healthy_after:
                     self.backoff.reset()
-            except Expired:
-                self.metrics.upstream_relists.labels(resource=self.resource).inc()
+            except Expired as expired:
+                logger.info("%s: %s; relisting", self.resource, expired.__cause__ or expired)
                 await self._list()
             except UpstreamStatusError as error:
                 if self.shape.rv is None and _refuses(error.code):
@@ -146,6 +146,7 @@ class Reflector:
         async with self.limiter:
             started = time.monotonic()
             self.lists += 1
+            self.metrics.upstream_relists.labels(resource=self.resource).inc()
             await self.store.discard_staging(self.shape)
             if self.watch_list:
                 try:
@@ -153,8 +154,7 @@ class Reflector:
                     return
                 except UpstreamStatusError as error:
                     if error.code in (400, 422):
-                        logger.info("%s: WatchList refused (%s); using LIST", self.resource,
-                                    error)
+                        logger.info("%s: WatchList refused (%s); using LIST", self.resource, error)
                         self.watch_list = False
                     else:
                         raise
@@ -166,8 +166,9 @@ class Reflector:
                 self._observe_list(started, "list")
 
     def _observe_list(self, started: float, how: str) -> None:
-        self.metrics.list_duration.labels(resource=self.resource, source=f"upstream-{how}") \
-            .observe(time.monotonic() - started)
+        self.metrics.list_duration.labels(resource=self.resource, source=f"upstream-{how}").observe(
+            time.monotonic() - started
+        )
 
     async def _paginated_list(self) -> None:
         continue_token = ""
@@ -185,10 +186,13 @@ class Reflector:
                 kind = list_kind.removesuffix("List")
                 api_version = str(page.get("apiVersion", ""))
             items = page.get("items") or []
-            await self.store.stage(self.shape, [
-                change_from_object(ChangeType.ADDED, _typed(item, kind, api_version))
-                for item in items
-            ])
+            await self.store.stage(
+                self.shape,
+                [
+                    change_from_object(ChangeType.ADDED, _typed(item, kind, api_version))
+                    for item in items
+                ],
+            )
             continue_token = str(metadata.get("continue") or "")
             if not continue_token:
                 break
@@ -197,16 +201,22 @@ class Reflector:
         await self._finish(rv=rv, kind=kind, api_version=api_version)
 
     async def _finish(self, *, rv: str, kind: str, api_version: str) -> None:
-        appended = await self.store.finish_list(self.shape, rv=rv, kind=kind,
-                                                api_version=api_version)
+        appended = await self.store.finish_list(
+            self.shape, rv=rv, kind=kind, api_version=api_version
+        )
         logger.info("%s: listed at RV %s (%d events appended)", self.resource, rv, appended)
         self._observe_rv(rv)
 
     async def _watch_list(self) -> None:
         """Fill by WatchList, then keep consuming the same stream as the watch."""
-        params = _params(self.shape, watch="1", sendInitialEvents="true",
-                         resourceVersionMatch="NotOlderThan", allowWatchBookmarks="true",
-                         timeoutSeconds=str(self._watch_timeout()))
+        params = _params(
+            self.shape,
+            watch="1",
+            sendInitialEvents="true",
+            resourceVersionMatch="NotOlderThan",
+            allowWatchBookmarks="true",
+            timeoutSeconds=str(self._watch_timeout()),
+        )
         staged: list[Change] = []
         kind = api_version = ""
         async with self._stream(params) as chunks:
@@ -221,8 +231,11 @@ class Reflector:
                     kind_, obj = event["type"], event.get("object") or {}
                     if kind_ == "ADDED":
                         kind, api_version = obj.get("kind", kind), obj.get("apiVersion", "")
-                        staged.append(change_from_object(ChangeType.ADDED, obj,
-                                                         raw=event_object_bytes(line, event)))
+                        staged.append(
+                            change_from_object(
+                                ChangeType.ADDED, obj, raw=event_object_bytes(line, event)
+                            )
+                        )
                         if len(staged) >= self.settings.stage_batch:
                             await self.store.stage(self.shape, staged)
                             staged = []
@@ -233,36 +246,46 @@ class Reflector:
                         rv = str(obj.get("metadata", {}).get("resourceVersion", ""))
                         await self._finish(rv=rv, kind=kind, api_version=api_version)
                         filling = False
-                        if rest := lines[index + 1:]:
+                        if rest := lines[index + 1 :]:
                             await self._apply_lines(rest)
                         break
                     elif kind_ == "ERROR":
                         _raise_error(obj)
             if filling:
-                raise UpstreamProtocolError("WatchList ended before its initial-events-end "
-                                            "bookmark")
+                raise UpstreamProtocolError(
+                    "WatchList ended before its initial-events-end bookmark"
+                )
 
     # -- watching ----------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
     async def _stream(self, params: dict[str, str]) -> AsyncIterator[AsyncIterator[bytes]]:
         """An upstream watch: its body as chunks; a refusal raises UpstreamStatusError."""
-        async with self.upstream.request("GET", (self.path, params), stream=True,
-                                         headers={"Accept": "application/json"},
-                                         verb="WATCH") as response:
+        async with self.upstream.request(
+            "GET",
+            (self.path, params),
+            stream=True,
+            headers={"Accept": "application/json"},
+            verb="WATCH",
+        ) as response:
             if response.status >= 400:
                 raise UpstreamStatusError.from_response(
-                    code=response.status, body=await response.read(), headers=response.headers)
+                    code=response.status, body=await response.read(), headers=response.headers
+                )
             yield response.content.iter_any()
 
     def _watch_timeout(self) -> int:
-        return int(random.uniform(self.settings.watch_timeout_min,
-                                  self.settings.watch_timeout_max))
+        return int(random.uniform(self.settings.watch_timeout_min, self.settings.watch_timeout_max))
 
     async def _watch(self) -> None:
         assert self.shape.rv is not None
-        params = _params(self.shape, watch="1", resourceVersion=self.shape.rv,
-                         allowWatchBookmarks="true", timeoutSeconds=str(self._watch_timeout()))
+        params = _params(
+            self.shape,
+            watch="1",
+            resourceVersion=self.shape.rv,
+            allowWatchBookmarks="true",
+            timeoutSeconds=str(self._watch_timeout()),
+        )
         try:
             async with self._stream(params) as chunks:
                 self.breaker.record_success()
@@ -272,7 +295,7 @@ class Reflector:
             if error.code == 410:
                 raise Expired from error
             raise
-        self.metrics.upstream_watch_restarts.labels(resource=self.resource, reason="ended").inc()
+        self.metrics.watch_restarts.labels(resource=self.resource, reason="ended").inc()
 
     async def _apply_lines(self, lines: list[bytes]) -> None:
         """Commit one chunk's events as one transaction (then they are published)."""
@@ -288,22 +311,28 @@ class Reflector:
                 if rv and rv != self.shape.rv:
                     changes.append(Change(type=ChangeType.BOOKMARK, rv=rv))
                 continue
-            changes.append(change_from_object(ChangeType(kind), obj,
-                                              raw=event_object_bytes(line, event)))
+            changes.append(
+                change_from_object(ChangeType(kind), obj, raw=event_object_bytes(line, event))
+            )
             self.metrics.events_in.labels(resource=self.resource, type=kind).inc()
         await self.store.apply(self.shape, changes)
         if changes:
             self._observe_rv(changes[-1].rv)
 
     def _observe_rv(self, rv: str) -> None:
-        self.metrics.set_shape_resource_version(resource=self.resource,
-                                                shape=self.shape.key.identity, rv=rv)
+        self.metrics.set_shape_resource_version(
+            resource=self.resource, shape=self.shape.key.identity, rv=rv
+        )
 
 
 def _decode(line: bytes) -> dict[str, Any]:
     event = orjson.loads(line)
     if not isinstance(event, dict) or event.get("type") not in {
-        "ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"
+        "ADDED",
+        "MODIFIED",
+        "DELETED",
+        "BOOKMARK",
+        "ERROR",
     }:
         raise UpstreamProtocolError(f"not a watch event: {line[:200]!r}")
     return event
@@ -311,8 +340,12 @@ def _decode(line: bytes) -> dict[str, Any]:
 
 def _raise_error(status: Mapping[str, Any]) -> None:
     code = int(status.get("code") or 500)
-    error = UpstreamStatusError(code=code, reason=str(status.get("reason", "")),
-                                message=str(status.get("message", "")), status=status)
+    error = UpstreamStatusError(
+        code=code,
+        reason=str(status.get("reason", "")),
+        message=str(status.get("message", "")),
+        status=status,
+    )
     if code == 410:
         raise Expired from error
     raise error
@@ -328,4 +361,3 @@ def _typed(item: dict[str, Any], kind: str, api_version: str) -> dict[str, Any]:
     if "kind" in item and "apiVersion" in item:
         return item
     return {"kind": kind, "apiVersion": api_version, **item}
-

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Iterable
@@ -86,14 +87,19 @@ class Syncer:
 
     def _run(self, shape: Shape) -> None:
         reflector = Reflector(
-            shape=shape, store=self.store, upstream=self.upstream,
-            settings=self.reflector_settings, limiter=self.limiter, breaker=self.breaker,
-            backoff=Backoff(), metrics=self.metrics,
+            shape=shape,
+            store=self.store,
+            upstream=self.upstream,
+            settings=self.reflector_settings,
+            limiter=self.limiter,
+            breaker=self.breaker,
+            backoff=Backoff(),
+            metrics=self.metrics,
         )
         self.reflectors[shape.key] = reflector
         task = asyncio.create_task(reflector.run(), name=f"reflector {shape.key.identity}")
         self._tasks[shape.key] = task
-        task.add_done_callback(lambda t, key=shape.key: self._ended(key, t))
+        task.add_done_callback(functools.partial(self._ended, shape.key))
 
     def _ended(self, key: ShapeKey, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
@@ -126,8 +132,9 @@ class Syncer:
         raises its UpstreamStatusError (and the shape is dropped: never cache what the
         sidecar may not read)."""
         try:
-            await asyncio.wait_for(shape.filled.wait(),
-                                   self.settings.fill_wait if timeout is None else timeout)
+            await asyncio.wait_for(
+                shape.filled.wait(), self.settings.fill_wait if timeout is None else timeout
+            )
         except TimeoutError:
             return False
         reflector = self.reflectors.get(shape.key)

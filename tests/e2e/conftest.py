@@ -13,7 +13,7 @@ import os
 import subprocess
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from kubernetes_asyncio import config as k8s_config
 
 from loadtest import kubeapi
 from loadtest.cluster import ControlPlane
+from loadtest.sidecar import Sidecar
 from tests.e2e import goclient
 
 pytestmark = pytest.mark.e2e
@@ -57,7 +58,10 @@ def kubectl(plane: ControlPlane) -> Kubectl:
     ) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(
             [str(plane.kubectl()), f"--kubeconfig={kubeconfig or plane.admin_kubeconfig}", *args],
-            capture_output=True, text=True, input=stdin, timeout=120,
+            capture_output=True,
+            text=True,
+            input=stdin,
+            timeout=120,
         )
         if check and result.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr}")
@@ -77,8 +81,9 @@ async def admin_api(plane: ControlPlane) -> AsyncIterator[kubeapi.RawClient]:
 
 async def _api_client(kubeconfig: Path) -> k8s_client.ApiClient:
     configuration = k8s_client.Configuration()
-    await k8s_config.load_kube_config(config_file=str(kubeconfig),
-                                      client_configuration=configuration)
+    await k8s_config.load_kube_config(
+        config_file=str(kubeconfig), client_configuration=configuration
+    )
     return k8s_client.ApiClient(configuration)
 
 
@@ -114,8 +119,9 @@ def create_many(admin_api: kubeapi.RawClient) -> CreateMany:
     """``await create_many(namespace=..., count=...)``: ConfigMaps created concurrently."""
 
     async def create(*, namespace: str, count: int, **options: Any) -> list[dict[str, Any]]:
-        return await kubeapi.create_configmaps(admin_api, namespace=namespace, count=count,
-                                               **options)
+        return await kubeapi.create_configmaps(
+            admin_api, namespace=namespace, count=count, **options
+        )
 
     return create
 
@@ -138,3 +144,31 @@ def start_goclient(goclient_binary: Path) -> Iterator[Callable[..., goclient.GoC
     yield start
     for client in started:
         client.stop()
+
+
+@pytest.fixture
+def start_sidecar(plane: ControlPlane, tmp_path: Path) -> Iterator[Callable[..., Sidecar]]:
+    """Start warmwatch processes against the control plane (admin identity upstream); all are
+    stopped at the end of the test. Each gets its own database unless ``db`` is given."""
+    started: list[Sidecar] = []
+
+    def start(
+        *,
+        resources: Sequence[str] = (),
+        db: Path | None = None,
+        extra: Sequence[str] = (),
+        wait_ready: bool = True,
+    ) -> Sidecar:
+        sidecar = Sidecar.start(
+            upstream_kubeconfig=plane.admin_kubeconfig,
+            db=db or tmp_path / f"warmwatch-{len(started)}.db",
+            resources=resources,
+            extra=extra,
+            wait_ready=wait_ready,
+        )
+        started.append(sidecar)
+        return sidecar
+
+    yield start
+    for sidecar in started:
+        sidecar.stop()

@@ -35,7 +35,9 @@ def build() -> Path:
         partial = binary.with_name("goclient.partial")
         subprocess.run(
             ["go", "build", "-trimpath", "-o", str(partial), "."],
-            cwd=SOURCE, check=True, env=os.environ | {"CGO_ENABLED": "0"},
+            cwd=SOURCE,
+            check=True,
+            env=os.environ | {"CGO_ENABLED": "0"},
         )
         partial.rename(binary)
     return binary
@@ -67,8 +69,12 @@ class GoClient:
         argv = [str(binary), f"--kubeconfig={kubeconfig}", f"--mode={mode}", *extra]
         argv += [f"--resource={r}" for r in resources]
         process = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            text=True, env=env,
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=env,
         )
         client = cls(process=process)
         threading.Thread(target=client._read, daemon=True, name="goclient-reader").start()
@@ -94,8 +100,9 @@ class GoClient:
                 if remaining <= 0:
                     raise TimeoutError(f"goclient: condition not met; last lines {self.lines[-5:]}")
                 if self.process.poll() is not None and not predicate(self.lines):
-                    raise RuntimeError(f"goclient exited {self.process.returncode}: "
-                                       f"{self.lines[-5:]}")
+                    raise RuntimeError(
+                        f"goclient exited {self.process.returncode}: {self.lines[-5:]}"
+                    )
                 self.condition.wait(min(remaining, 0.5))
             return list(self.lines)
 

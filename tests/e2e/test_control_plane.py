@@ -35,14 +35,19 @@ Key = tuple[str, str, str]  # namespace, name, resourceVersion
 @pytest.fixture(scope="module")
 def widgets_crd(kubectl: Kubectl) -> str:
     kubectl("apply", "-f", str(CRD))
-    kubectl("wait", "--for=condition=Established", "--timeout=60s",
-            "crd/widgets.example.com")
+    kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/widgets.example.com")
     return "example.com/v1/widgets"
 
 
 def keys_of(items: list[dict[str, Any]]) -> set[Key]:
-    return {(i["metadata"].get("namespace", ""), i["metadata"]["name"],
-             i["metadata"]["resourceVersion"]) for i in items}
+    return {
+        (
+            i["metadata"].get("namespace", ""),
+            i["metadata"]["name"],
+            i["metadata"]["resourceVersion"],
+        )
+        for i in items
+    }
 
 
 def test_admin_lists_namespaces_and_restricted_is_forbidden(
@@ -51,8 +56,9 @@ def test_admin_lists_namespaces_and_restricted_is_forbidden(
     names = kubectl("get", "ns", "-o", "jsonpath={.items[*].metadata.name}").stdout.split()
     assert {"default", "kube-system"} <= set(names)
 
-    refused = kubectl("get", "configmaps", "-A", kubeconfig=plane.restricted_kubeconfig,
-                      check=False)
+    refused = kubectl(
+        "get", "configmaps", "-A", kubeconfig=plane.restricted_kubeconfig, check=False
+    )
     assert refused.returncode != 0
     assert "Forbidden" in refused.stderr, refused.stderr
     assert 'User "warmwatch-restricted" cannot list resource "configmaps"' in refused.stderr
@@ -68,8 +74,15 @@ async def test_restricted_client_gets_403(restricted_client: k8s_client.ApiClien
 async def _widgets(api: kubeapi.RawClient, namespace: str, count: int) -> None:
     path = f"/apis/example.com/v1/namespaces/{namespace}/widgets"
     await api.gather(
-        api.create(path, {"apiVersion": "example.com/v1", "kind": "Widget",
-                          "metadata": {"name": f"w-{i:03d}"}, "spec": {"size": i}})
+        api.create(
+            path,
+            {
+                "apiVersion": "example.com/v1",
+                "kind": "Widget",
+                "metadata": {"name": f"w-{i:03d}"},
+                "spec": {"size": i},
+            },
+        )
         for i in range(count)
     )
 
@@ -88,22 +101,23 @@ async def test_clients_agree_on_list_and_watch(
     await _widgets(admin_api, namespace, 12)
     configmaps, widgets = f"v1/configmaps@{namespace}", f"{widgets_crd}@{namespace}"
 
-    informer = start_goclient(kubeconfig=plane.admin_kubeconfig,
-                              resources=[configmaps, widgets])
+    informer = start_goclient(kubeconfig=plane.admin_kubeconfig, resources=[configmaps, widgets])
     informer.wait_synced(2)
 
     # LIST: kubectl, kubernetes-asyncio and the informer's cache hold the same objects.
-    by_kubectl_cm = keys_of(json.loads(
-        kubectl("get", "configmaps", "-n", namespace, "-o", "json").stdout)["items"])
-    by_kubectl_w = keys_of(json.loads(
-        kubectl("get", "widgets.example.com", "-n", namespace, "-o", "json").stdout)["items"])
+    by_kubectl_cm = keys_of(
+        json.loads(kubectl("get", "configmaps", "-n", namespace, "-o", "json").stdout)["items"]
+    )
+    by_kubectl_w = keys_of(
+        json.loads(kubectl("get", "widgets.example.com", "-n", namespace, "-o", "json").stdout)[
+            "items"
+        ]
+    )
     core = k8s_client.CoreV1Api(admin_client)
     listed = await core.list_namespaced_config_map(namespace)
-    by_python_cm = {(namespace, i.metadata.name, i.metadata.resource_version)
-                    for i in listed.items}
+    by_python_cm = {(namespace, i.metadata.name, i.metadata.resource_version) for i in listed.items}
     custom = k8s_client.CustomObjectsApi(admin_client)
-    listed_w = await custom.list_namespaced_custom_object("example.com", "v1", namespace,
-                                                          "widgets")
+    listed_w = await custom.list_namespaced_custom_object("example.com", "v1", namespace, "widgets")
     by_python_w = keys_of(listed_w["items"])
     digest = informer.digest()
     by_go_cm = {tuple(i) for i in digest[configmaps]["items"]}
@@ -118,21 +132,34 @@ async def test_clients_agree_on_list_and_watch(
 
     async def python_watch() -> None:
         stream = k8s_watch.Watch()
-        async for event in stream.stream(core.list_namespaced_config_map, namespace,
-                                         resource_version=listed.metadata.resource_version,
-                                         timeout_seconds=60):
+        async for event in stream.stream(
+            core.list_namespaced_config_map,
+            namespace,
+            resource_version=listed.metadata.resource_version,
+            timeout_seconds=60,
+        ):
             obj = event["object"]
-            seen_by_python.append((event["type"], obj.metadata.name,
-                                   obj.metadata.resource_version))
+            seen_by_python.append((event["type"], obj.metadata.name, obj.metadata.resource_version))
             if len(seen_by_python) == 15:
                 stream.stop()
 
     # kubectl lists, then watches: one line per event, the initial list as ADDED events.
     kubectl_watch = subprocess.Popen(
-        [str(plane.kubectl()), f"--kubeconfig={plane.admin_kubeconfig}", "get", "configmaps",
-         "-n", namespace, "--watch", "--output-watch-events", "-o",
-         'jsonpath={.type} {.object.metadata.name} {.object.metadata.resourceVersion}{"\\n"}'],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            str(plane.kubectl()),
+            f"--kubeconfig={plane.admin_kubeconfig}",
+            "get",
+            "configmaps",
+            "-n",
+            namespace,
+            "--watch",
+            "--output-watch-events",
+            "-o",
+            'jsonpath={.type} {.object.metadata.name} {.object.metadata.resourceVersion}{"\\n"}',
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     assert kubectl_watch.stdout is not None
     by_kubectl_initial = [kubectl_watch.stdout.readline() for _ in by_kubectl_cm]
@@ -146,22 +173,32 @@ async def test_clients_agree_on_list_and_watch(
         await admin_api.delete(f"{path}/cm-{i + 10:06d}")
     await asyncio.wait_for(watcher, 60)
 
-    informer.wait_for(lambda ls: sum(1 for x in ls if x["kind"] == "event"
-                                     and x["resource"] == configmaps
-                                     and not x.get("initial")) >= 15)
-    by_go_events = [(e["type"], e["name"], e["rv"]) for e in informer.events()
-                    if e["resource"] == configmaps and not e.get("initial")]
+    informer.wait_for(
+        lambda ls: (
+            sum(
+                1
+                for x in ls
+                if x["kind"] == "event" and x["resource"] == configmaps and not x.get("initial")
+            )
+            >= 15
+        )
+    )
+    by_go_events = [
+        (e["type"], e["name"], e["rv"])
+        for e in informer.events()
+        if e["resource"] == configmaps and not e.get("initial")
+    ]
     assert by_go_events == seen_by_python
     assert [t for t, _, _ in seen_by_python].count("DELETED") == 5
 
-    by_kubectl_events = [tuple(kubectl_watch.stdout.readline().split())
-                         for _ in seen_by_python]
+    by_kubectl_events = [tuple(kubectl_watch.stdout.readline().split()) for _ in seen_by_python]
     kubectl_watch.terminate()
     kubectl_watch.wait(10)
     assert by_kubectl_events == seen_by_python
 
-    after = keys_of(json.loads(
-        kubectl("get", "configmaps", "-n", namespace, "-o", "json").stdout)["items"])
+    after = keys_of(
+        json.loads(kubectl("get", "configmaps", "-n", namespace, "-o", "json").stdout)["items"]
+    )
     assert {tuple(i) for i in informer.digest()[configmaps]["items"]} == after
 
 
@@ -173,8 +210,10 @@ def test_apiserver_stops_and_restarts_on_the_same_data(
     refused = kubectl("get", "ns", "--request-timeout=5s", check=False)
     assert refused.returncode != 0
     plane.start_apiserver()
-    assert kubectl("get", "ns", "survives-restart", "-o", "name").stdout.strip() == \
-        "namespace/survives-restart"
+    assert (
+        kubectl("get", "ns", "survives-restart", "-o", "name").stdout.strip()
+        == "namespace/survives-restart"
+    )
 
 
 def test_up_restarts_a_stopped_plane_and_down_leaves_nothing() -> None:
@@ -187,8 +226,12 @@ def test_up_restarts_a_stopped_plane_and_down_leaves_nothing() -> None:
         plane.down()
         assert not any(plane.status().values())
         plane.up()
-        got = subprocess.run([*run, "get", "configmap", "kept", "-n", "default", "-o", "name"],
-                             check=True, capture_output=True, text=True)
+        got = subprocess.run(
+            [*run, "get", "configmap", "kept", "-n", "default", "-o", "name"],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
         assert got.stdout.strip() == "configmap/kept"
     finally:
         plane.down()

@@ -18,15 +18,24 @@ def db() -> sqlite3.Connection:
     connection.execute(
         "INSERT INTO shapes (id, key, grp, version, resource, namespace, label_selector, "
         "field_selector, configured, created_at, used_at) "
-        "VALUES (1, 'v1/configmaps', '', 'v1', 'configmaps', '', '', '', 1, 0, 0)")
+        "VALUES (1, 'v1/configmaps', '', 'v1', 'configmaps', '', '', '', 1, 0, 0)"
+    )
     connection.commit()
     return connection
 
 
 def cm(name: str, rv: int, *, labels: dict[str, str] | None = None, ns: str = "a") -> Change:
-    obj = {"kind": "ConfigMap", "apiVersion": "v1",
-           "metadata": {"name": name, "namespace": ns, "uid": f"uid-{name}",
-                        "resourceVersion": str(rv), "labels": labels or {}}}
+    obj = {
+        "kind": "ConfigMap",
+        "apiVersion": "v1",
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "uid": f"uid-{name}",
+            "resourceVersion": str(rv),
+            "labels": labels or {},
+        },
+    }
     return change_from_object(ChangeType.ADDED, obj)
 
 
@@ -69,7 +78,10 @@ def test_changes_update_objects_events_and_rv_together(db: sqlite3.Connection) -
     committed = writing.apply_changes(db, shape_id=1, changes=[cm("y", 11), moved, gone])
     assert objects(db) == {"y": "11"}
     assert [e[1:4] for e in events(db)][1:] == [
-        ("ADDED", "11", "y"), ("MODIFIED", "11", "x"), ("DELETED", "12", "x")]
+        ("ADDED", "11", "y"),
+        ("MODIFIED", "11", "x"),
+        ("DELETED", "12", "x"),
+    ]
     assert shape(db) == ("12", 4, "10")
     modified = committed.records[1]
     assert modified.prev_labels == b"{}" and modified.labels == b'{"app":"b"}'
@@ -86,8 +98,11 @@ def test_relist_appends_the_difference(db: sqlite3.Connection) -> None:
     committed = fill(db, [cm("keep", 5), cm("new", 30), cm("change", 20)], "40")
     assert objects(db) == {"keep": "5", "change": "20", "new": "30"}
     assert [e[1:] for e in events(db)][1:] == [
-        ("MODIFIED", "20", "change", 1), ("ADDED", "30", "new", 1),
-        ("DELETED", "40", "vanish", 1), ("BOOKMARK", "40", "", 1)]
+        ("MODIFIED", "20", "change", 1),
+        ("ADDED", "30", "new", 1),
+        ("DELETED", "40", "vanish", 1),
+        ("BOOKMARK", "40", "", 1),
+    ]
     deleted = db.execute("SELECT raw FROM events WHERE type = 'DELETED'").fetchone()[0]
     assert orjson.loads(deleted)["metadata"]["resourceVersion"] == "40"
     assert shape(db) == ("40", 5, "10")

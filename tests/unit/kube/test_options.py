@@ -5,6 +5,7 @@ storage.ValidateListOptions)."""
 from __future__ import annotations
 
 import base64
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -66,6 +67,31 @@ def failure(text: str, *, watch_path: bool = False) -> dict[str, Any]:
 )
 def test_first_values_forms(query: Any) -> None:
     assert first_values(query) == {"limit": "5", "watch": "true"}
+
+
+class _MultiDict(Mapping[str, str]):
+    """Like aiohttp's MultiDictProxy: a Mapping whose items() yields repeated keys."""
+
+    def __init__(self, pairs: list[tuple[str, str]]) -> None:
+        self._pairs = pairs
+
+    def __getitem__(self, key: str) -> str:
+        return next(v for k, v in self._pairs if k == key)
+
+    def __iter__(self) -> Iterator[str]:
+        return (k for k, _ in self._pairs)
+
+    def __len__(self) -> int:
+        return len(self._pairs)
+
+    def items(self) -> Any:
+        return list(self._pairs)
+
+
+def test_first_values_multidict_keeps_first() -> None:
+    query = _MultiDict([("watch", "false"), ("watch", "true"), ("limit", "1")])
+    assert first_values(query) == {"watch": "false", "limit": "1"}
+    assert ListOptions.parse(query).is_watch is False
 
 
 @pytest.mark.parametrize(

@@ -54,7 +54,7 @@ def test_details_key_order() -> None:
     ) in body
 
 
-def test_empty_details_and_reason_are_omitted() -> None:
+def test_empty_reason_and_absent_details_are_omitted() -> None:
     payload = StatusError.unknown(code=500, message="boom").to_payload()
     assert payload == {
         "kind": "Status",
@@ -65,6 +65,34 @@ def test_empty_details_and_reason_are_omitted() -> None:
         "code": 500,
     }
     assert "details" not in StatusError.bad_request("x").to_payload()
+    assert "details" not in StatusError.service_unavailable("x").to_payload()
+
+
+def test_allocated_empty_details_are_written() -> None:
+    # NewTooManyRequests / NewTimeoutError always allocate details, as the apiserver writes them
+    assert StatusError.too_many_requests("x", retry_after_seconds=0).to_json() == (
+        b'{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"x",'
+        b'"reason":"TooManyRequests","details":{},"code":429}'
+    )
+    assert StatusError.timeout("t").to_payload()["details"] == {}
+
+
+def test_json_escapes_html_like_go() -> None:
+    err = StatusError.bad_request("a<b>&c")
+    assert b'"message":"a\\u003cb\\u003e\\u0026c"' in err.to_json()
+
+
+def test_http_body_forms() -> None:
+    err = StatusError.bad_request("x")
+    assert err.to_http_body() == err.to_json() + b"\n"
+    # the form the apiserver uses when Accept matched nothing (confirmed against v1.37.2)
+    route = StatusError.not_acceptable_representation(["application/json", "application/yaml"])
+    assert route.to_http_body(pretty=True) == (
+        b'{\n  "kind": "Status",\n  "apiVersion": "v1",\n  "metadata": {},\n'
+        b'  "status": "Failure",\n'
+        b'  "message": "406: Not Acceptable\\n\\nAvailable representations: application/json, application/yaml",\n'
+        b'  "reason": "NotAcceptable",\n  "details": {},\n  "code": 406\n}'
+    )
 
 
 def test_continue_token_goes_to_metadata() -> None:
@@ -97,7 +125,7 @@ def test_continue_token_goes_to_metadata() -> None:
             403,
             "Forbidden",
             "forbidden: no",
-            None,
+            {},  # Go allocates empty details here: "details":{}
         ),
         (
             StatusError.not_found(group="", resource="configmaps", name="x"),
@@ -302,3 +330,30 @@ def test_from_payload_defaults_code_from_http_status() -> None:
     assert expired.continue_token == "t"
     assert str(Reason.EXPIRED) == "Expired"
     assert not StatusError.bad_request("x").is_expired
+
+
+def test_unauthorized_body_matches_apiserver() -> None:
+    # confirmed against kube-apiserver v1.37.2 (bad bearer token)
+    assert StatusError.unauthorized().to_http_body() == (
+        b'{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure",'
+        b'"message":"Unauthorized","reason":"Unauthorized","code":401}\n'
+    )
+
+
+def test_expired_texts() -> None:
+    assert (
+        StatusError.list_expired().message
+        == "The resourceVersion for the provided list is too old."
+    )
+    assert (
+        StatusError.watch_expired().message
+        == "The resourceVersion for the provided watch is too old."
+    )
+    plain = StatusError.continue_expired(continue_token=None)
+    assert plain.message.endswith("You can start a new list without the continue parameter.")
+    assert plain.continue_token is None
+    fresh = StatusError.continue_expired(continue_token="tok")
+    assert fresh.to_payload()["metadata"] == {"continue": "tok"}
+    assert fresh.message.startswith("The provided continue parameter is too old")
+    assert "use the continue token in this response" in fresh.message
+    assert (fresh.code, fresh.reason) == (410, "Expired")

@@ -1,0 +1,151 @@
+"""``warmwatch`` / ``python -m proxy``: the command line (DESIGN.md §7).
+
+Every flag can also be set by the environment variable ``WARMWATCH_<FLAG>`` (upper case,
+dashes as underscores); ``WARMWATCH_RESOURCE`` takes a comma-separated list.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from proxy.app import Settings, run
+from proxy.cache.store import StoreSettings
+from proxy.kube.resources import ResourceFlag
+from proxy.serve.authenticating import ClientAuth
+from proxy.serve.context import ServeSettings
+from proxy.upstream.syncing import SyncSettings
+
+
+def _address(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return host.strip("[]"), int(port)
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(f"WARMWATCH_{name.upper().replace('-', '_')}", default)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="warmwatch", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--kubeconfig",
+        default=_env("kubeconfig"),
+        help="upstream kubeconfig (default: in-cluster, then $KUBECONFIG, then ~/.kube/config)",
+    )
+    p.add_argument("--context", default=_env("context"))
+    p.add_argument("--listen", type=_address, default=_env("listen", "127.0.0.1:8001"))
+    p.add_argument(
+        "--metrics-listen", type=_address, default=_env("metrics-listen", "127.0.0.1:9090")
+    )
+    p.add_argument("--db", type=Path, default=_env("db", "warmwatch.db"))
+    env_resources = [r for r in (_env("resource") or "").split(",") if r.strip()]
+    p.add_argument(
+        "--resource",
+        action="append",
+        default=None,
+        metavar="GVR[@NAMESPACE]",
+        help="cache this collection from the start (repeatable), e.g. v1/configmaps, "
+        "apps/v1/deployments@team-a, example.com/v1/widgets",
+    )
+    p.add_argument(
+        "--learn",
+        action=argparse.BooleanOptionalAction,
+        default=(_env("learn", "true") or "true").lower() not in ("0", "false", "no"),
+        help="cache collections that clients ask for (default: on)",
+    )
+    p.add_argument(
+        "--client-auth",
+        default=_env("client-auth", "none"),
+        help="token-file:PATH (clients must present that bearer token) or none "
+        "(loopback only; every caller acts as warmwatch)",
+    )
+    p.add_argument(
+        "--sync-mode",
+        choices=("NORMAL", "FULL"),
+        default=_env("sync-mode", "NORMAL"),
+        help="SQLite synchronous mode: FULL also survives power loss",
+    )
+    p.add_argument(
+        "--retention-events",
+        type=int,
+        default=int(_env("retention-events", "200000") or 200000),
+        help="event log entries kept per shape",
+    )
+    p.add_argument(
+        "--retention-seconds",
+        type=float,
+        default=float(_env("retention-seconds", "86400") or 86400),
+        help="event log entries older than this are dropped",
+    )
+    p.add_argument(
+        "--bookmark-interval", type=float, default=float(_env("bookmark-interval", "60") or 60)
+    )
+    p.add_argument(
+        "--watch-write-timeout",
+        type=float,
+        default=float(_env("watch-write-timeout", "30") or 30),
+        help="close a watcher whose client accepted no write for this long",
+    )
+    p.add_argument("--log-level", default=_env("log-level", "INFO"))
+    p.set_defaults(env_resources=env_resources)
+    return p
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    resources = tuple(ResourceFlag.parse(r) for r in (args.resource or args.env_resources))
+    return Settings(
+        kubeconfig=args.kubeconfig,
+        context=args.context,
+        listen=args.listen if isinstance(args.listen, tuple) else _address(args.listen),
+        metrics_listen=(
+            args.metrics_listen
+            if isinstance(args.metrics_listen, tuple)
+            else _address(args.metrics_listen)
+        ),
+        db=Path(args.db),
+        resources=resources,
+        client_auth=ClientAuth.parse(args.client_auth),
+        store=StoreSettings(
+            path=Path(args.db),
+            synchronous=args.sync_mode,
+            retention_events=args.retention_events,
+            retention_seconds=args.retention_seconds,
+        ),
+        sync=SyncSettings(learn=args.learn),
+        serve=ServeSettings(
+            bookmark_interval=args.bookmark_interval, slow_write_timeout=args.watch_write_timeout
+        ),
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        settings = settings_from(args)
+    except ValueError as error:
+        print(f"warmwatch: {error}", file=sys.stderr)
+        return 2
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        asyncio.run(run(settings))
+    else:
+        uvloop.run(run(settings))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

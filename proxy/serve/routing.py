@@ -1,0 +1,83 @@
+"""The aiohttp applications: the API listener and the metrics/health listener.
+
+Every request on the API listener goes through one handler: a GET of a collection is a cached
+read (which may still decide to pass through); everything else passes through. Errors become
+Kubernetes ``Status`` answers, never tracebacks.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from proxy.kube.resources import RequestPath
+from proxy.kube.status import StatusError
+from proxy.metrics import Metrics
+from proxy.serve import authenticating
+from proxy.serve.context import Context
+from proxy.serve.reading import read_collection
+from proxy.upstream.passing import pass_through, status_response
+
+logger = logging.getLogger(__name__)
+
+CONTEXT: web.AppKey[Context] = web.AppKey("context", Context)
+
+
+@web.middleware
+async def statuses(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Turn failures into Status answers (or ERROR events once a watch has started)."""
+    try:
+        return await handler(request)
+    except StatusError as error:
+        return status_response(error)
+    except web.HTTPException:
+        raise
+    except Exception as error:
+        logger.exception("%s %s failed", request.method, request.path_qs)
+        return status_response(StatusError.internal_error(error))
+
+
+async def handle(request: web.Request) -> web.StreamResponse:
+    ctx = request.app[CONTEXT]
+    if request.method == "GET":
+        path = RequestPath.parse(request.path)
+        if path is not None and path.is_collection:
+            return await read_collection(request, path=path, ctx=ctx)
+    return await pass_through(
+        request, upstream=ctx.upstream, credentials=ctx.credentials, discovery=ctx.discovery
+    )
+
+
+def api_app(ctx: Context, *, auth: authenticating.ClientAuth) -> web.Application:
+    app = web.Application(
+        middlewares=[statuses, authenticating.middleware(auth)], client_max_size=64 * 1024 * 1024
+    )
+    app[CONTEXT] = ctx
+    app.router.add_route("*", "/{tail:.*}", handle)
+    return app
+
+
+def health_app(*, metrics: Metrics, ready: Callable[[], tuple[bool, str]]) -> web.Application:
+    """``/metrics``, ``/healthz``, ``/livez``, ``/readyz`` on their own port."""
+
+    async def exposition(_: web.Request) -> web.Response:
+        response = web.Response(body=metrics.exposition())
+        response.headers["Content-Type"] = metrics.content_type
+        return response
+
+    async def alive(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def readiness(_: web.Request) -> web.Response:
+        is_ready, detail = ready()
+        return web.Response(status=200 if is_ready else 503, text=detail)
+
+    app = web.Application()
+    app.router.add_get("/metrics", exposition)
+    app.router.add_get("/healthz", alive)
+    app.router.add_get("/livez", alive)
+    app.router.add_get("/readyz", readiness)
+    return app

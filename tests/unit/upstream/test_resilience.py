@@ -1,0 +1,253 @@
+"""Backoff, Retry-After, circuit breaker and list limiter, with a fake clock."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from proxy.metrics import Metrics
+from proxy.upstream.resilience import (
+    Backoff,
+    BackoffSettings,
+    BreakerSettings,
+    BreakerState,
+    CircuitBreaker,
+    ListLimiter,
+    ListLimiterSettings,
+    choose_delay,
+)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+# ------------------------------------------------------------------------------ backoff
+
+
+def test_backoff_sequence_without_jitter_matches_client_go() -> None:
+    clock = Clock()
+    backoff = Backoff(clock=clock, random_source=lambda: 0.0)
+    delays = []
+    for _ in range(9):
+        delays.append(backoff.next_delay())
+        clock.advance(1)
+    assert delays == pytest.approx([0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 30.0, 30.0, 30.0])
+
+
+def test_backoff_jitter_is_up_to_one_base() -> None:
+    clock = Clock()
+    backoff = Backoff(clock=clock, random_source=lambda: 0.999)
+    assert backoff.next_delay() == pytest.approx(0.8 * 1.999)
+    for _ in range(10):
+        delay = backoff.next_delay()
+    # capped base 30 s, jittered into [30, 60) as client-go's reflector comments say
+    assert 30.0 <= delay < 60.0
+
+
+def test_backoff_resets_after_two_quiet_minutes() -> None:
+    clock = Clock()
+    backoff = Backoff(clock=clock, random_source=lambda: 0.0)
+    for _ in range(5):
+        backoff.next_delay()
+    clock.advance(120.0)  # exactly the reset duration: not yet (client-go uses ">")
+    assert backoff.next_delay() == pytest.approx(25.6)
+    clock.advance(120.1)
+    assert backoff.next_delay() == pytest.approx(0.8)
+    assert backoff.next_delay() == pytest.approx(1.6)
+    backoff.reset()
+    assert backoff.next_delay() == pytest.approx(0.8)
+
+
+def test_backoff_settings_are_honoured() -> None:
+    backoff = Backoff(
+        BackoffSettings(initial=1.0, cap=5.0, factor=3.0, jitter=0.5, reset_after=10.0),
+        clock=Clock(),
+        random_source=lambda: 1.0,
+    )
+    assert [backoff.next_delay() for _ in range(4)] == pytest.approx([1.5, 4.5, 7.5, 7.5])
+
+
+def test_settings_are_frozen_keyword_only() -> None:
+    settings = BackoffSettings()
+    with pytest.raises(AttributeError):
+        settings.initial = 1.0  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        BackoffSettings(0.5)  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("backoff", "retry_after", "limit", "expected"),
+    [
+        (0.8, None, None, 0.8),
+        (0.8, 0.0, None, 0.8),
+        (0.8, 5.0, None, 5.0),
+        (12.0, 5.0, None, 12.0),
+        (0.8, 3600.0, 60.0, 60.0),
+        (90.0, 3600.0, 60.0, 90.0),
+    ],
+)
+def test_choose_delay(
+    backoff: float, retry_after: float | None, limit: float | None, expected: float
+) -> None:
+    assert choose_delay(backoff=backoff, retry_after=retry_after, limit=limit) == expected
+
+
+async def test_backoff_sleep_uses_retry_after(monkeypatch: pytest.MonkeyPatch) -> None:
+    slept: list[float] = []
+
+    async def fake_sleep(delay: float) -> None:
+        slept.append(delay)
+
+    monkeypatch.setattr(asyncio, "sleep", fake_sleep)
+    backoff = Backoff(clock=Clock(), random_source=lambda: 0.0)
+    assert await backoff.sleep(retry_after=4.0) == 4.0
+    assert await backoff.sleep() == pytest.approx(1.6)
+    assert slept == pytest.approx([4.0, 1.6])
+
+
+# ---------------------------------------------------------------------- circuit breaker
+
+
+def gauge(metrics: Metrics, target: str = "apiserver") -> float | None:
+    return metrics.value("warmwatch_circuit_breaker_state", {"target": target})
+
+
+def test_breaker_opens_after_consecutive_failures() -> None:
+    clock, metrics = Clock(), Metrics()
+    breaker = CircuitBreaker(
+        target="apiserver",
+        settings=BreakerSettings(failure_threshold=3, cool_down=10.0),
+        metrics=metrics,
+        clock=clock,
+    )
+    assert breaker.state is BreakerState.CLOSED
+    assert gauge(metrics) == 0
+    breaker.record_failure()
+    breaker.record_failure()
+    breaker.record_success()  # not consecutive any more
+    breaker.record_failure()
+    breaker.record_failure()
+    assert breaker.allow()
+    assert breaker.state is BreakerState.CLOSED
+    breaker.record_failure()
+    assert breaker.state is BreakerState.OPEN
+    assert gauge(metrics) == 2
+    assert not breaker.allow()
+    assert breaker.retry_in() == pytest.approx(10.0)
+    clock.advance(4)
+    assert breaker.retry_in() == pytest.approx(6.0)
+
+
+def test_breaker_half_open_lets_one_probe_through() -> None:
+    clock, metrics = Clock(), Metrics()
+    breaker = CircuitBreaker(
+        target="apiserver",
+        settings=BreakerSettings(failure_threshold=1, cool_down=10.0, probe_timeout=30.0),
+        metrics=metrics,
+        clock=clock,
+    )
+    breaker.record_failure()
+    assert breaker.state is BreakerState.OPEN
+    clock.advance(10)
+    assert breaker.state is BreakerState.HALF_OPEN
+    assert gauge(metrics) == 1
+    assert breaker.allow()  # the probe
+    assert not breaker.allow()  # only one at a time
+    assert breaker.retry_in() == pytest.approx(30.0)
+    breaker.record_failure()  # probe failed: open again, fresh cool-down
+    assert breaker.state is BreakerState.OPEN
+    assert gauge(metrics) == 2
+    clock.advance(9.9)
+    assert not breaker.allow()
+    clock.advance(0.1)
+    assert breaker.allow()
+    breaker.record_success()
+    assert breaker.state is BreakerState.CLOSED
+    assert gauge(metrics) == 0
+    assert breaker.consecutive_failures == 0
+    assert breaker.allow()
+    assert breaker.allow()
+
+
+def test_breaker_forgets_a_lost_probe() -> None:
+    clock = Clock()
+    breaker = CircuitBreaker(
+        target="x",
+        settings=BreakerSettings(failure_threshold=1, cool_down=1.0, probe_timeout=5.0),
+        clock=clock,
+    )
+    breaker.record_failure()
+    clock.advance(1)
+    assert breaker.allow()  # probe whose caller is then cancelled and never reports
+    clock.advance(4.9)
+    assert not breaker.allow()
+    clock.advance(0.1)
+    assert breaker.allow()
+
+
+def test_breaker_targets_are_separate_series() -> None:
+    metrics = Metrics()
+    a = CircuitBreaker(target="a", settings=BreakerSettings(failure_threshold=1), metrics=metrics)
+    CircuitBreaker(target="b", metrics=metrics)
+    a.record_failure()
+    assert gauge(metrics, "a") == 2
+    assert gauge(metrics, "b") == 0
+
+
+# ------------------------------------------------------------------------- list limiter
+
+
+async def test_list_limiter_counts_waiters() -> None:
+    limiter = ListLimiter(ListLimiterSettings(concurrent_lists=2))
+    assert limiter.limit == 2
+    release = asyncio.Event()
+    inside: list[int] = []
+
+    async def lister(n: int) -> None:
+        async with limiter:
+            inside.append(n)
+            await release.wait()
+
+    tasks = [asyncio.create_task(lister(n), name=f"lister {n}") for n in range(5)]
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert limiter.active == 2
+    assert limiter.waiting == 3
+    assert len(inside) == 2
+    release.set()
+    await asyncio.gather(*tasks)
+    assert sorted(inside) == [0, 1, 2, 3, 4]
+    assert limiter.active == 0
+    assert limiter.waiting == 0
+
+
+async def test_list_limiter_cancelled_waiter_is_not_counted() -> None:
+    limiter = ListLimiter(ListLimiterSettings(concurrent_lists=1))
+    await limiter.acquire()
+    waiter = asyncio.create_task(limiter.acquire(), name="waiter")
+    await asyncio.sleep(0)
+    assert limiter.waiting == 1
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert limiter.waiting == 0
+    limiter.release()
+    assert limiter.active == 0
+    with pytest.raises(RuntimeError):
+        limiter.release()
+    async with limiter:
+        assert limiter.active == 1
+
+
+def test_list_limiter_rejects_zero() -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        ListLimiter(ListLimiterSettings(concurrent_lists=0))
