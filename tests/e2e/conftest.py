@@ -21,10 +21,9 @@ import pytest
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 
-from loadtest import kubeapi
+from loadtest import goclient, kubeapi
 from loadtest.cluster import ControlPlane
 from loadtest.sidecar import Sidecar
-from tests.e2e import goclient
 
 pytestmark = pytest.mark.e2e
 

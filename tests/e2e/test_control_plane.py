@@ -23,8 +23,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from loadtest import kubeapi
 from loadtest.cluster import ControlPlane
+from loadtest.goclient import GoClient
 from tests.e2e.conftest import CreateMany, Kubectl
-from tests.e2e.goclient import GoClient
 
 pytestmark = pytest.mark.e2e
 

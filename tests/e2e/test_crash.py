@@ -11,9 +11,9 @@ from collections.abc import Callable
 import pytest
 
 from loadtest import kubeapi
+from loadtest.goclient import GoClient
 from loadtest.sidecar import Sidecar
 from tests.e2e.conftest import Kubectl
-from tests.e2e.goclient import GoClient
 
 pytestmark = pytest.mark.e2e
 

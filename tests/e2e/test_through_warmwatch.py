@@ -22,9 +22,9 @@ from kubernetes_asyncio import watch as k8s_watch
 
 from loadtest import kubeapi
 from loadtest.cluster import ControlPlane
+from loadtest.goclient import GoClient
 from loadtest.sidecar import Sidecar
 from tests.e2e.conftest import CreateMany, Kubectl
-from tests.e2e.goclient import GoClient
 
 pytestmark = pytest.mark.e2e
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from loadtest.building import cache_root
 
-SOURCE = Path(__file__).resolve().parents[1] / "goclient"
+SOURCE = Path(__file__).resolve().parents[1] / "tests" / "goclient"
 
 
 def build() -> Path:
