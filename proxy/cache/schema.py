@@ -114,7 +114,15 @@ class SchemaError(Exception):
     """The file is not a warmwatch database of a version this build understands."""
 
 
-def configure(connection: sqlite3.Connection, *, synchronous: str) -> None:
+WRITER_CACHE_KIB = 8192
+"""SQLite page cache of the writer: its working set is the B-tree interior plus recent pages."""
+
+READER_CACHE_KIB = 2048
+"""Readers mostly scan once (a LIST streams every row); the OS page cache serves repeats, so a
+small cache per reader keeps memory flat however many objects are cached."""
+
+
+def configure(connection: sqlite3.Connection, *, synchronous: str, cache_kib: int) -> None:
     """Pragmas for every connection (the page size only takes effect on a new file)."""
     connection.execute(f"PRAGMA page_size = {PAGE_SIZE}")
     connection.execute("PRAGMA journal_mode = WAL")
@@ -122,7 +130,7 @@ def configure(connection: sqlite3.Connection, *, synchronous: str) -> None:
     connection.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
     connection.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
     connection.execute("PRAGMA temp_store = MEMORY")
-    connection.execute("PRAGMA cache_size = -16384")  # 16 MiB per connection, bounded
+    connection.execute(f"PRAGMA cache_size = -{cache_kib}")
 
 
 def migrate(connection: sqlite3.Connection) -> None:

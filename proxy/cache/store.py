@@ -138,7 +138,12 @@ class Store:
     @staticmethod
     async def _connect(settings: StoreSettings) -> aiosqlite.Connection:
         db = await aiosqlite.connect(settings.path, isolation_level="DEFERRED")
-        await _on_thread(db, schema.configure, synchronous=settings.synchronous)
+        await _on_thread(
+            db,
+            schema.configure,
+            synchronous=settings.synchronous,
+            cache_kib=schema.WRITER_CACHE_KIB,
+        )
         return db
 
     def _remember(self, row: sqlite3.Row | tuple[Any, ...]) -> Shape:
@@ -298,7 +303,12 @@ class Store:
             if self._readers.empty() and self._reader_count < self.settings.readers:
                 self._reader_count += 1
                 db = await aiosqlite.connect(self.settings.path, isolation_level=None)
-                await _on_thread(db, schema.configure, synchronous=self.settings.synchronous)
+                await _on_thread(
+                    db,
+                    schema.configure,
+                    synchronous=self.settings.synchronous,
+                    cache_kib=schema.READER_CACHE_KIB,
+                )
                 self._readers.put_nowait(db)
         db = await self._readers.get()
         try:
@@ -456,7 +466,12 @@ _SHAPE_COLUMNS = (
 
 
 def _load_shapes(connection: sqlite3.Connection) -> list[tuple[Any, ...]]:
-    connection.execute("DELETE FROM staging")  # a list interrupted by a crash starts over
+    # A list interrupted by a crash starts over: its staged rows, and the objects of a first
+    # fill (written in place: no reader looks at a shape before it has an RV), are dropped.
+    connection.execute("DELETE FROM staging")
+    connection.execute(
+        "DELETE FROM objects WHERE shape_id IN (SELECT id FROM shapes WHERE rv IS NULL)"
+    )
     connection.commit()
     return connection.execute(f"SELECT {_SHAPE_COLUMNS} FROM shapes ORDER BY id").fetchall()
 

@@ -158,22 +158,41 @@ def _bookmark(seq: int, rv: str, *, batch: bool = False) -> EventRecord:
     )
 
 
+def _filled(connection: sqlite3.Connection, shape_id: int) -> bool:
+    row = connection.execute("SELECT rv FROM shapes WHERE id = ?", (shape_id,)).fetchone()
+    return row is not None and row[0] is not None
+
+
 def stage(connection: sqlite3.Connection, *, shape_id: int, objects: Iterable[Change]) -> None:
-    """Commit one batch of a list in progress; invisible to readers until ``finish_list``."""
+    """Commit one batch of a list in progress; invisible to readers until ``finish_list``.
+
+    A first fill writes straight into ``objects``: readers never look at a shape without an RV,
+    so the rows are invisible until ``finish_list`` sets it, and the fill costs one copy of the
+    data instead of two. A relist stages beside the state it will be diffed against.
+    """
     with connection:
-        connection.executemany(
-            "INSERT OR REPLACE INTO staging (shape_id, namespace, name, uid, rv, rv_order, "
-            "labels, raw) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                (shape_id, o.namespace, o.name, o.uid, o.rv, o.rv_order, o.labels, o.raw)
-                for o in objects
-            ),
-        )
+        if _filled(connection, shape_id):
+            connection.executemany(
+                "INSERT OR REPLACE INTO staging (shape_id, namespace, name, uid, rv, rv_order, "
+                "labels, raw) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    (shape_id, o.namespace, o.name, o.uid, o.rv, o.rv_order, o.labels, o.raw)
+                    for o in objects
+                ),
+            )
+        else:
+            connection.executemany(
+                _UPSERT_OBJECT,
+                ((shape_id, o.namespace, o.name, o.uid, o.rv, o.labels, o.raw) for o in objects),
+            )
 
 
 def discard_staging(connection: sqlite3.Connection, *, shape_id: int) -> None:
+    """Forget a list in progress (before starting one): staged rows, or an unfinished fill."""
     with connection:
         connection.execute("DELETE FROM staging WHERE shape_id = ?", (shape_id,))
+        if not _filled(connection, shape_id):
+            connection.execute("DELETE FROM objects WHERE shape_id = ?", (shape_id,))
 
 
 def finish_list(
@@ -208,15 +227,7 @@ def finish_list(
             count += len(records)
             records = records[-tail:]
 
-        if first_list:
-            connection.execute("DELETE FROM objects WHERE shape_id = ?", (shape_id,))
-            connection.execute(
-                "INSERT INTO objects (shape_id, namespace, name, uid, rv, labels, raw) "
-                "SELECT shape_id, namespace, name, uid, rv, labels, raw FROM staging "
-                "WHERE shape_id = ?",
-                (shape_id,),
-            )
-        else:
+        if not first_list:  # a first fill is already in place (see ``stage``)
             changed = connection.execute(
                 "SELECT s.namespace, s.name, s.uid, s.rv, s.labels, s.raw, o.labels, o.raw "
                 "FROM staging s LEFT JOIN objects o ON o.shape_id = s.shape_id "

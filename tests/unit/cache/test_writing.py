@@ -65,10 +65,20 @@ def test_first_list_becomes_state_and_starts_the_log(db: sqlite3.Connection) -> 
     assert db.execute("SELECT count(*) FROM staging").fetchone()[0] == 0
 
 
-def test_staged_rows_are_invisible_until_finished(db: sqlite3.Connection) -> None:
+def test_a_first_fill_is_invisible_until_finished(db: sqlite3.Connection) -> None:
     writing.stage(db, shape_id=1, objects=[cm("x", 5)])
+    assert shape(db)[0] is None  # readers serve nothing without an RV
+    writing.discard_staging(db, shape_id=1)  # a retried fill starts from nothing
     assert objects(db) == {}
-    assert shape(db)[0] is None
+
+
+def test_relist_rows_are_invisible_until_finished(db: sqlite3.Connection) -> None:
+    fill(db, [cm("x", 5)], "10")
+    writing.stage(db, shape_id=1, objects=[cm("y", 12)])
+    assert objects(db) == {"x": "5"}
+    writing.discard_staging(db, shape_id=1)
+    assert objects(db) == {"x": "5"}
+    assert db.execute("SELECT count(*) FROM staging").fetchone()[0] == 0
 
 
 def test_changes_update_objects_events_and_rv_together(db: sqlite3.Connection) -> None:
