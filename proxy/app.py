@@ -100,7 +100,7 @@ class App:
                 "--client-auth none: every local caller acts with warmwatch's own "
                 "identity (like kubectl proxy); for development and tests only"
             )
-        self.store = store = await Store.open(settings.store_settings())
+        self.store = store = await Store.open(settings.store_settings(), metrics=self.metrics)
         upstream = await connect(
             ConnectionSettings(kubeconfig=settings.kubeconfig, context=settings.context),
             metrics=self.metrics,

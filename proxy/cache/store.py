@@ -28,6 +28,7 @@ from proxy.cache.records import Change, ChangeType, EventRecord, rv_order
 from proxy.cache.shapes import ShapeKey
 from proxy.kube import versions
 from proxy.kube.status import StatusError
+from proxy.metrics import Metrics
 
 logger = logging.getLogger(__name__)
 
@@ -93,8 +94,11 @@ async def _on_thread(db: aiosqlite.Connection, function: Callable[..., T], **kwa
 
 
 class Store:
-    def __init__(self, *, settings: StoreSettings, writer: aiosqlite.Connection) -> None:
+    def __init__(
+        self, *, settings: StoreSettings, writer: aiosqlite.Connection, metrics: Metrics | None
+    ) -> None:
         self.settings = settings
+        self.metrics = metrics
         self._writer = writer
         self._write_lock = asyncio.Lock()
         self._readers: asyncio.Queue[aiosqlite.Connection] = asyncio.Queue()
@@ -107,7 +111,7 @@ class Store:
     # -- opening ---------------------------------------------------------------------------
 
     @classmethod
-    async def open(cls, settings: StoreSettings) -> Store:
+    async def open(cls, settings: StoreSettings, *, metrics: Metrics | None = None) -> Store:
         """Open (or create) the database; a foreign or corrupted file is moved aside."""
         settings.path.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -130,7 +134,7 @@ class Store:
             writer = await cls._connect(settings)
             await _on_thread(writer, schema.migrate)
         await _on_thread(writer, _checkpoint)
-        store = cls(settings=settings, writer=writer)
+        store = cls(settings=settings, writer=writer, metrics=metrics)
         for row in await _on_thread(writer, _load_shapes):
             store._remember(row)
         return store
@@ -199,12 +203,17 @@ class Store:
 
     async def _write(self, function: Callable[..., T], **kwargs: Any) -> T:
         async with self._write_lock:
+            started = time.perf_counter()
             try:
                 result = await _on_thread(self._writer, function, **kwargs)
             except sqlite3.Error as error:
                 self.storage_error = f"{type(error).__name__}: {error}"
+                if self.metrics is not None:
+                    self.metrics.storage_errors.inc()
                 raise
             self.storage_error = None
+            if self.metrics is not None:
+                self.metrics.commit_duration.observe(time.perf_counter() - started)
             return result
 
     async def ensure_shape(self, key: ShapeKey, *, configured: bool) -> Shape:
@@ -428,6 +437,12 @@ class Store:
                     return int(last_seq)
                 raise StatusError.too_old_resource_version(requested=rv, oldest_resumable=start_rv)
             return int(low) - 1 if batch else int(high)
+
+    async def object_counts(self) -> dict[int, int]:
+        """Objects cached per shape id."""
+        async with self._reader() as db:
+            cursor = await db.execute("SELECT shape_id, count(*) FROM objects GROUP BY shape_id")
+            return {int(shape_id): int(count) for shape_id, count in await cursor.fetchall()}
 
     def size(self) -> tuple[int, int]:
         """Database and WAL file sizes in bytes."""

@@ -29,7 +29,7 @@ from proxy.metrics import Metrics
 from proxy.upstream.connecting import Upstream
 from proxy.upstream.errors import UpstreamError, UpstreamProtocolError, UpstreamStatusError
 from proxy.upstream.framing import event_object_bytes, line_batches
-from proxy.upstream.resilience import Backoff, CircuitBreaker, ListLimiter
+from proxy.upstream.resilience import Backoff, CircuitBreaker, ListLimiter, choose_delay
 
 logger = logging.getLogger(__name__)
 
@@ -110,32 +110,44 @@ class Reflector:
 
     async def run(self) -> None:
         """Keep the shape in step until cancelled, or until its first list is refused."""
+        relist = False
         while True:
             try:
-                if self.shape.rv is None:
+                await self._admitted()
+                if self.shape.rv is None or relist:
                     await self._list()
+                    relist = False
                 started = time.monotonic()
                 await self._watch()
                 if time.monotonic() - started > self.settings.healthy_after:
                     self.backoff.reset()
             except Expired as expired:
                 logger.info("%s: %s; relisting", self.resource, expired.__cause__ or expired)
-                await self._list()
+                relist = True
             except UpstreamStatusError as error:
                 if self.shape.rv is None and _refuses(error.code):
                     self.refused = Refused(error)
                     self.shape.filled.set()  # wake waiters: they read .refused
                     logger.warning("%s: upstream refused the list: %s", self.resource, error)
                     return
-                await self._pause(error, retry_after=error.retry_after)
-            except (UpstreamError, OSError, ValueError) as error:
-                await self._pause(error, retry_after=None)
+                unhealthy = error.code >= 500 or error.code == 429
+                await self._pause(error, retry_after=error.retry_after, unhealthy=unhealthy)
+            except UpstreamError as error:
+                await self._pause(error, retry_after=None, unhealthy=True)
+            except (OSError, ValueError) as error:  # a broken stream (framing, JSON)
+                await self._pause(error, retry_after=None, unhealthy=False)
 
-    async def _pause(self, error: Exception, *, retry_after: float | None) -> None:
-        self.breaker.record_failure()
-        delay = self.backoff.next_delay()
-        if retry_after is not None:
-            delay = max(delay, retry_after)
+    async def _admitted(self) -> None:
+        """Wait while the circuit breaker is open: one probe at a time finds out whether the
+        apiserver is back, instead of every reflector hammering it."""
+        while not self.breaker.allow():  # noqa: ASYNC110 - the breaker opens and closes by time
+            await asyncio.sleep(max(self.breaker.retry_in(), 0.2))
+
+    async def _pause(self, error: Exception, *, retry_after: float | None, unhealthy: bool) -> None:
+        if unhealthy:
+            self.breaker.record_failure()
+            self.metrics.watch_restarts.labels(resource=self.resource, reason="error").inc()
+        delay = choose_delay(backoff=self.backoff.next_delay(), retry_after=retry_after)
         logger.info("%s: %s; retrying in %.1fs", self.resource, error, delay)
         await asyncio.sleep(delay)
 

@@ -175,6 +175,11 @@ class Syncer:
                 logger.info("dropping unused shape %s", shape.key)
                 await self.drop(shape)
         await self.store.trim()
+        counts = await self.store.object_counts()
+        for shape in self.store.shapes.values():
+            self.metrics.shape_objects.labels(
+                resource=shape.resource, shape=shape.key.identity
+            ).set(counts.get(shape.id, 0))
         await self.store.save_usage()
         db, wal = self.store.size()
         self.metrics.db_size.set(db)
