@@ -203,17 +203,15 @@ async def test_clients_agree_on_list_and_watch(
 
 
 def test_apiserver_stops_and_restarts_on_the_same_data(
-    plane: ControlPlane, kubectl: Kubectl
+    plane: ControlPlane, kubectl: Kubectl, namespace: str
 ) -> None:
-    kubectl("create", "namespace", "survives-restart")
+    kubectl("create", "configmap", "survives-restart", "-n", namespace)
     plane.stop_apiserver()
     refused = kubectl("get", "ns", "--request-timeout=5s", check=False)
     assert refused.returncode != 0
     plane.start_apiserver()
-    assert (
-        kubectl("get", "ns", "survives-restart", "-o", "name").stdout.strip()
-        == "namespace/survives-restart"
-    )
+    kept = kubectl("get", "configmap", "survives-restart", "-n", namespace, "-o", "name")
+    assert kept.stdout.strip() == "configmap/survives-restart"
 
 
 def test_up_restarts_a_stopped_plane_and_down_leaves_nothing() -> None:
