@@ -222,6 +222,9 @@ class ControlPlane:
             "--authorization-mode=RBAC",
             "--endpoint-reconciler-type=none",
             "--profiling=false",
+            # JSON in etcd, so the fault tests' reference history can read etcd's own watch
+            # (the ground truth, which survives apiserver restarts) without protobuf decoding.
+            "--storage-media-type=application/json",
             # Load tests write thousands of objects a second from one identity.
             "--max-requests-inflight=2000",
             "--max-mutating-requests-inflight=1000",

@@ -8,19 +8,20 @@ storage key to resume from, relative to the resource's key prefix.
 Decoding reproduces ``storage.DecodeContinue`` and its errors; the apiserver answers them
 with 400 BadRequest ``invalid continue token: <error>`` (``storage.ValidateListOptions``).
 The texts match exactly for base64 errors, the token checks (``rv`` 0, empty ``start``,
-path traversal, unknown ``v``), empty or non-JSON input and JSON type errors; other
-malformed JSON gets a shorter ``invalid character ...`` text than Go's scanner produces.
+path traversal, unknown ``v``), JSON syntax errors (Go's scanner, ported in ``gocompat``)
+and JSON type errors.
 """
 
 from __future__ import annotations
 
 import base64
+import json
 from dataclasses import dataclass
 from typing import Any, Final
 
 import orjson
 
-from proxy.kube.gocompat import INT64_MAX, INT64_MIN, go_json, go_quote
+from proxy.kube.gocompat import INT64_MAX, INT64_MIN, go_json, go_json_syntax_error
 from proxy.kube.status import StatusError
 
 __all__ = ["CONTINUE_TOKEN_VERSION", "ContinueToken", "InvalidContinueToken"]
@@ -108,10 +109,13 @@ def _raw_url_b64decode(src: bytes) -> bytes:
 def _unmarshal_token(data: bytes) -> dict[str, Any]:
     """``json.Unmarshal`` into the token struct: keys match case-insensitively, later keys
     win, unknown keys are ignored, ``null`` leaves a field unset."""
+    syntax_error = go_json_syntax_error(data)
+    if syntax_error is not None:
+        raise InvalidContinueToken(f"{_GENERIC}: {syntax_error}")
     try:
         document = orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidContinueToken(f"{_GENERIC}: {_json_syntax_error(data, exc)}") from None
+    except orjson.JSONDecodeError:  # valid for Go, which takes invalid UTF-8 as U+FFFD
+        document = json.loads(data.decode("utf-8", "replace"))
     if document is None:
         return {}
     if not isinstance(document, dict):
@@ -156,34 +160,6 @@ def _json_kind(value: object, *, numeric: bool) -> str:
     if isinstance(value, list):
         return "array"
     return "object"
-
-
-_JSON_VALUE_START: Final = frozenset(b'{["-0123456789tfn')
-
-
-def _json_syntax_error(data: bytes, error: orjson.JSONDecodeError) -> str:
-    """Go's ``SyntaxError`` text for the common cases; other malformed JSON gets a shorter
-    ``invalid character 'X' in JSON input`` (Go names the scanner state instead)."""
-    stripped = data.lstrip(b" \t\r\n")
-    if not stripped or error.msg.startswith("unexpected end of data"):
-        return "unexpected end of JSON input"
-    first = stripped[0]
-    if first not in _JSON_VALUE_START:
-        return f"invalid character {_go_quote_byte(first)} looking for beginning of value"
-    offending = data[error.pos] if 0 <= error.pos < len(data) else first
-    if error.msg.startswith("unexpected content after document"):
-        return f"invalid character {_go_quote_byte(offending)} after top-level value"
-    return f"invalid character {_go_quote_byte(offending)} in JSON input"
-
-
-def _go_quote_byte(byte: int) -> str:
-    """encoding/json's ``quoteChar`` for the offending byte (Go turns the byte into the rune
-    of the same value before quoting)."""
-    if byte == ord("'"):
-        return "'\\''"
-    if byte == ord('"'):
-        return "'\"'"
-    return "'" + go_quote(chr(byte))[1:-1] + "'"
 
 
 def _clean_rooted(path: str) -> str:

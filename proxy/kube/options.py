@@ -418,13 +418,13 @@ def watch_start(options: ListOptions) -> WatchStart:
     false                FROM_NOW (most recent)       FROM_NOW (any)              FROM_RV N
     ===================  ===========================  ==========================  ===========
 
-    The initial-events-end bookmark is sent only for ``sendInitialEvents=true`` with
-    ``allowWatchBookmarks=true`` (without bookmarks allowed the apiserver sends the initial
-    state and no bookmark; it does not refuse the request). This is the contract of this
-    proxy; note that a 1.34+ apiserver *defaults* a watch with RV unset/"0" and neither
-    ``sendInitialEvents`` nor ``resourceVersionMatch`` to ``sendInitialEvents=true`` and then
-    also sends that bookmark when bookmarks are allowed. Clients that did not ask for a
-    WatchList ignore the annotation, so leaving it out is safe.
+    The initial-events-end bookmark is sent when ``allowWatchBookmarks=true`` and the watch is
+    a WatchList: ``sendInitialEvents=true``, or — as a 1.34+ apiserver defaults it
+    (``SetListOptionsDefaults``) — a ``watch=true`` request with RV unset/"0" and neither
+    ``sendInitialEvents`` nor ``resourceVersionMatch``. Without bookmarks allowed the
+    apiserver sends the initial state and no bookmark; it does not refuse the request. The
+    defaulting looks at the ``watch`` *parameter*: the deprecated ``/watch/`` path alone is
+    not defaulted, so it gets no bookmark.
 
     Raises ValueError for a LIST.
     """
@@ -441,5 +441,11 @@ def watch_start(options: ListOptions) -> WatchStart:
         )
     if rv is not None and rv != "0":
         return WatchStart(kind=WatchStartKind.FROM_RESOURCE_VERSION, resource_version=rv)
-    kind = WatchStartKind.INITIAL_STATE if send_initial is None else WatchStartKind.FROM_NOW
-    return WatchStart(kind=kind, freshness=_freshness(rv))
+    if send_initial is None:
+        defaulted = options.watch and options.resource_version_match is None
+        return WatchStart(
+            kind=WatchStartKind.INITIAL_STATE,
+            freshness=_freshness(rv),
+            initial_events_end_bookmark=defaulted and options.allow_watch_bookmarks,
+        )
+    return WatchStart(kind=WatchStartKind.FROM_NOW, freshness=_freshness(rv))

@@ -56,7 +56,7 @@ async def serve_list(
         sent = 0
         head = rendering.list_head(kind=kind, api_version=api_version, rv=snapshot.rv)
         await response.write(head)
-        separator = b""
+        separator = b"["
         async for rows in snapshot.rows:
             items = [
                 rendering.partial_metadata(raw) if metadata_only else raw
@@ -68,10 +68,16 @@ async def serve_list(
                 separator = b","
                 sent += len(chunk)
                 await response.write(chunk)
-        await response.write(rendering.LIST_TAIL)
+        if separator == b"[":
+            tail = rendering.NO_METADATA_ITEMS if metadata_only else rendering.NO_ITEMS
+        else:
+            tail = rendering.LIST_TAIL
+        await response.write(tail)
     await response.write_eof()
     resource = shape.resource
-    ctx.metrics.list_bytes.labels(resource=resource, source="cache").inc(sent + len(head) + 3)
+    ctx.metrics.list_bytes.labels(resource=resource, source="cache").inc(
+        sent + len(head) + len(tail)
+    )
     ctx.metrics.list_duration.labels(resource=resource, source="cache").observe(
         time.monotonic() - started
     )

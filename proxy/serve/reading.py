@@ -15,6 +15,7 @@ from aiohttp import web
 
 from proxy.cache.filtering import Filter
 from proxy.cache.shapes import Request
+from proxy.kube.gocompat import parse_query
 from proxy.kube.options import ListOptions, ListSemanticsKind, list_semantics, watch_start
 from proxy.kube.resources import RequestPath
 from proxy.serve.context import Context
@@ -30,7 +31,10 @@ logger = logging.getLogger(__name__)
 async def read_collection(
     request: web.Request, *, path: RequestPath, ctx: Context
 ) -> web.StreamResponse:
-    options = ListOptions.parse(list(request.query.items()), watch_path=path.is_watch_path)
+    # The query as the apiserver decodes it (Go's URL.Query()), not as aiohttp does: a
+    # parameter with a bad escape is dropped rather than kept verbatim.
+    query = parse_query(request.raw_path.partition("?")[2])
+    options = ListOptions.parse(query, watch_path=path.is_watch_path)
     representation = negotiate(request.headers.get("Accept"), watch=options.is_watch)
     not_older_than: str | None = None
     if representation is Representation.PASS_THROUGH:
@@ -57,7 +61,11 @@ async def read_collection(
             shape = shape or await ctx.syncer.learn(wanted.exact_key)
             filled = await ctx.syncer.wait_filled(shape)
         except UpstreamStatusError as refused:
-            raise refused.to_status_error() from None
+            # Not kept (never cache what warmwatch may not read). The client's own request
+            # goes to the apiserver, so it gets the apiserver's own answer to exactly it: a
+            # 403/404 as the apiserver words it, or a list where only watching was refused.
+            logger.info("%s refused upstream (%s); passing through", wanted.exact_key, refused)
+            return await _pass(request, ctx)
         if not filled:
             logger.info("%s not filled yet; passing the request through", shape.key)
             return await _pass(request, ctx)

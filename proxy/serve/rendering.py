@@ -18,6 +18,8 @@ METADATA_API_VERSION = "meta.k8s.io/v1"
 
 
 def list_head(*, kind: str, api_version: str, rv: str) -> bytes:
+    """The list up to ``"items":``; then ``[`` and the items, or :data:`NO_ITEMS` /
+    :data:`NO_METADATA_ITEMS` when there are none."""
     return (
         b'{"kind":'
         + orjson.dumps(kind)
@@ -25,11 +27,15 @@ def list_head(*, kind: str, api_version: str, rv: str) -> bytes:
         + orjson.dumps(api_version)
         + b',"metadata":{"resourceVersion":'
         + orjson.dumps(rv)
-        + b'},"items":['
+        + b'},"items":'
     )
 
 
 LIST_TAIL = b"]}\n"
+NO_ITEMS = b"[]}\n"
+NO_METADATA_ITEMS = b"null}\n"
+"""An empty ``PartialObjectMetadataList`` has ``"items":null`` from the apiserver (Go's nil
+slice); typed lists have ``[]``."""
 
 
 def watch_frame(event_type: ChangeType | str, raw: bytes) -> bytes:

@@ -8,11 +8,13 @@ Kubernetes ``Status`` answers, never tracebacks.
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Callable
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from proxy.kube.gocompat import valid_escapes
 from proxy.kube.resources import RequestPath
 from proxy.kube.status import StatusError
 from proxy.metrics import Metrics
@@ -24,6 +26,33 @@ from proxy.upstream.passing import pass_through, status_response
 logger = logging.getLogger(__name__)
 
 CONTEXT: web.AppKey[Context] = web.AppKey("context", Context)
+
+
+_BARE = "warmwatch.bare"
+"""Marks an answer Go's HTTP server itself would write: no apiserver headers on it."""
+
+
+@web.middleware
+async def request_target(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A path with a bad ``%`` escape is refused before anything else, as Go's HTTP server
+    does for the apiserver (plain text, and the connection is closed)."""
+    if not valid_escapes(request.raw_path.partition("?")[0]):
+        response = web.Response(status=400, text="400 Bad Request")
+        response[_BARE] = True
+        response.force_close()
+        return response
+    return await handler(request)
+
+
+async def apiserver_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """Headers the apiserver puts on every answer, where the answer (ours, or passed through
+    from the apiserver) lacks them: ``Audit-Id`` (the client's, echoed, else a new one) and
+    ``Cache-Control: no-cache, private``."""
+    if response.get(_BARE):
+        return
+    if "Audit-Id" not in response.headers:
+        response.headers["Audit-Id"] = request.headers.get("Audit-Id") or str(uuid.uuid4())
+    response.headers.setdefault("Cache-Control", "no-cache, private")
 
 
 @web.middleware
@@ -53,9 +82,11 @@ async def handle(request: web.Request) -> web.StreamResponse:
 
 def api_app(ctx: Context, *, auth: authenticating.ClientAuth) -> web.Application:
     app = web.Application(
-        middlewares=[statuses, authenticating.middleware(auth)], client_max_size=64 * 1024 * 1024
+        middlewares=[request_target, statuses, authenticating.middleware(auth)],
+        client_max_size=64 * 1024 * 1024,
     )
     app[CONTEXT] = ctx
+    app.on_response_prepare.append(apiserver_headers)
     app.router.add_route("*", "/{tail:.*}", handle)
     return app
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import socket
+import struct
 import time
 
 from aiohttp import web
@@ -31,6 +33,20 @@ from proxy.serve.negotiating import Representation
 
 class SlowClient(Exception):
     """The client did not accept a write within the slow-write timeout."""
+
+
+def _reset(transport: asyncio.Transport) -> None:
+    """Close the connection now, discarding what the client has not read (a TCP reset).
+
+    ``close()`` would first wait for the client to read our buffer, and even ``abort()`` leaves
+    the kernel holding the connection open until the client reads what the socket still has:
+    a client that stopped reading would keep it forever.
+    """
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
 
 
 class Watch:
@@ -105,10 +121,10 @@ class Watch:
         resource = self.shape.resource
         self.ctx.metrics.watchers.labels(resource=resource).inc()
         try:
-            await self._begin()
-            await self._follow()
+            if await self._begin():
+                await self._follow()
             if self.options.allow_watch_bookmarks and self.position_rv:
-                await self._bookmark()  # just before the deadline, as the apiserver does
+                await self._bookmark()  # at the deadline: the client resumes from a fresh RV
             await self.response.write_eof()
         except StatusError as error:
             await self._error(error)
@@ -118,28 +134,36 @@ class Watch:
             )
         except (SlowClient, ConnectionError):
             if self.request.transport is not None:
-                self.request.transport.close()  # the client resumes from its last RV
+                _reset(self.request.transport)  # the client resumes from its last RV
         finally:
             self.ctx.metrics.watchers.labels(resource=resource).dec()
         return self.response
 
-    async def _begin(self) -> None:
-        """Position the cursor; send the initial state where the request asks for it."""
+    async def _begin(self) -> bool:
+        """Position the cursor; send the initial state where the request asks for it.
+
+        False when the watch ended before it could start (its deadline passed while it waited
+        for the cache to reach its RV)."""
         start = self.start
         if start.kind is WatchStartKind.FROM_RESOURCE_VERSION:
             assert start.resource_version is not None
-            try:
-                self.cursor = await self.ctx.store.position(self.shape, start.resource_version)
-            except TooNew:
-                await wait_for_rv(self.ctx, self.shape, start.resource_version)
-                self.cursor = await self.ctx.store.position(self.shape, start.resource_version)
+            while True:
+                seen = self.shape.log.last_seq  # before looking: no commit slips in between
+                try:
+                    self.cursor = await self.ctx.store.position(self.shape, start.resource_version)
+                    break
+                except TooNew:
+                    # As the apiserver's watch cache: no error, the watch waits for the RV and
+                    # then sends what follows it.
+                    if not await self._wait_idle(seen):
+                        return False
             self.position_rv = start.resource_version
-            return
+            return True
         if start.resource_version is not None:
             await wait_for_rv(self.ctx, self.shape, start.resource_version)
         if start.kind is WatchStartKind.FROM_NOW:
             self.cursor, self.position_rv = self.shape.log.last_seq, self.shape.rv or ""
-            return
+            return True
         async with self.ctx.store.snapshot(self.shape, namespace=self.view.namespace) as snap:
             self.cursor, self.position_rv = snap.last_seq, snap.rv
             self.kind, self.api_version = snap.kind, snap.api_version
@@ -154,12 +178,27 @@ class Watch:
                     await self._write(b"".join(frames))
         if start.initial_events_end_bookmark:
             await self._bookmark(initial_events_end=True)
+        return True
+
+    async def _wait_idle(self, seq: int) -> bool:
+        """Wait for log entries after ``seq`` (at most ``idle_check``); False when the watch
+        should end: deadline passed, shape closed, client gone."""
+        now = time.monotonic()
+        if now >= self.deadline or self.shape.log.closed:
+            return False
+        if self.request.transport is None or self.request.transport.is_closing():
+            return False
+        wait = min(self.deadline - now, self.ctx.settings.idle_check)
+        await self.shape.log.wait_beyond(seq, timeout=wait)
+        return True
 
     async def _follow(self) -> None:
         settings = self.ctx.settings
         next_bookmark = time.monotonic() + settings.bookmark_interval
         resource = self.shape.resource
         while True:
+            if time.monotonic() >= self.deadline:
+                return
             records = await self.ctx.store.read_events(
                 self.shape, after=self.cursor, limit=settings.event_batch
             )
@@ -175,12 +214,12 @@ class Watch:
                     self.ctx.metrics.events_out.labels(resource=resource).inc(len(frames))
                 continue
             now = time.monotonic()
-            if now >= self.deadline - 1.0 or self.shape.log.closed:
+            if now >= self.deadline or self.shape.log.closed:
                 return
             if self.options.allow_watch_bookmarks and now >= next_bookmark:
                 await self._bookmark()
                 next_bookmark = now + settings.bookmark_interval
             if self.request.transport is None or self.request.transport.is_closing():
                 return
-            wait = min(self.deadline - 1.0, next_bookmark, now + settings.idle_check) - now
+            wait = min(self.deadline, next_bookmark, now + settings.idle_check) - now
             await self.shape.log.wait_beyond(self.cursor, timeout=max(wait, 0.0))

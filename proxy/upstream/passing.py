@@ -224,10 +224,12 @@ def _connection_tokens(values: Iterable[str]) -> frozenset[str]:
     )
 
 
-def _status_response(error: StatusError) -> web.Response:
+def status_response(error: StatusError) -> web.Response:
+    """The Status answer as the apiserver writes it: compact JSON and a newline, with
+    ``Retry-After`` from ``details.retryAfterSeconds``. The one way warmwatch answers an error."""
     response = web.Response(
         status=error.code,
-        body=error.to_json(),
+        body=error.to_http_body(),
         content_type="application/json",
     )
     if error.retry_after is not None:
@@ -236,7 +238,7 @@ def _status_response(error: StatusError) -> web.Response:
 
 
 def _unavailable(error: UpstreamUnavailable) -> web.Response:
-    return _status_response(StatusError.service_unavailable(str(error)))
+    return status_response(StatusError.service_unavailable(str(error)))
 
 
 # ------------------------------------------------------------------------- the handler
@@ -270,7 +272,7 @@ async def pass_through(
         # answer, and not something the client can fix.
         logger.error("Passthrough %s %s: %s", request.method, request.path, error)
         _count(upstream, request.method.upper(), "error")
-        return _status_response(StatusError.internal_error(error))
+        return status_response(StatusError.internal_error(error))
 
 
 async def _dispatch(
@@ -286,7 +288,7 @@ async def _dispatch(
     if "websocket" in upgrade:
         return await _relay_websocket(request, upstream=upstream, credentials=credentials)
     if upgrade.startswith("spdy/"):
-        refused = _status_response(
+        refused = status_response(
             StatusError.bad_request(
                 f"upgrade to {request.headers['Upgrade']!r} is not supported by warmwatch; "
                 "use WebSocket (kubectl 1.30+ does by default)"
@@ -565,7 +567,7 @@ async def _relay_websocket(
     client's with the subprotocol the apiserver chose, and relay frames both ways."""
     verb = request.method.upper()
     if not web.WebSocketResponse().can_prepare(request).ok:
-        refused = _status_response(StatusError.bad_request("invalid WebSocket handshake"))
+        refused = status_response(StatusError.bad_request("invalid WebSocket handshake"))
         _count(upstream, verb, refused.status)
         return refused
     headers = _forwarded_request_headers(request, websocket=True)
@@ -593,7 +595,7 @@ async def _relay_websocket(
         return _unavailable(error)
     except UpstreamStatusError as error:
         _count(upstream, verb, error.code)
-        return _status_response(error.to_status_error())
+        return status_response(error.to_status_error())
 
 
 _Socket = web.WebSocketResponse | aiohttp.ClientWebSocketResponse
@@ -645,6 +647,3 @@ async def _relay_frames(source: _Socket, sink: _Socket) -> None:
             return
         else:  # CLOSING, CLOSED, ERROR: the source is gone
             return
-
-
-status_response = _status_response

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -303,3 +304,39 @@ def test_kubectl_writes_and_reads_pass_through(
     )
     assert "Server Version: v1.37.2" in kubectl("version", kubeconfig=via).stdout
     assert sidecar.metric("warmwatch_passthrough_requests_total", {"verb": "PATCH"}) >= 3
+
+
+def test_refused_collections_are_not_cached(
+    plane: ControlPlane, kubectl: Kubectl, tmp_path: Path
+) -> None:
+    """warmwatch never caches what its identity may not read, and the client gets the
+    apiserver's own answer; a collection that can be listed but not watched still lists."""
+    restricted = Sidecar.start(
+        upstream_kubeconfig=plane.restricted_kubeconfig, db=tmp_path / "restricted.db"
+    )
+    try:
+        via = restricted.kubeconfig
+        refused = kubectl("get", "configmaps", "-A", "-o", "name", kubeconfig=via, check=False)
+        direct = kubectl(
+            "get",
+            "configmaps",
+            "-A",
+            "-o",
+            "name",
+            kubeconfig=plane.restricted_kubeconfig,
+            check=False,
+        )
+        assert refused.returncode != 0
+        assert refused.stderr == direct.stderr  # the apiserver's own 403, word for word
+        assert restricted.metric("warmwatch_shape_objects") == 0
+        with sqlite3.connect(restricted.db) as db:
+            assert db.execute("SELECT count(*) FROM shapes").fetchone()[0] == 0
+    finally:
+        restricted.stop()
+
+    admin = Sidecar.start(upstream_kubeconfig=plane.admin_kubeconfig, db=tmp_path / "admin.db")
+    try:  # componentstatuses: list only, no watch
+        listed = kubectl("get", "componentstatuses", "-o", "name", kubeconfig=admin.kubeconfig)
+        assert listed.stdout == kubectl("get", "componentstatuses", "-o", "name").stdout
+    finally:
+        admin.stop()

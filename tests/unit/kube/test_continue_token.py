@@ -55,6 +55,8 @@ def test_decode(token: str, rv: int, start: str) -> None:
         (b64(b"x"), "invalid character 'x' looking for beginning of value"),
         (b64(b"{"), "unexpected end of JSON input"),
         (b64(b"{}x"), "invalid character 'x' after top-level value"),
+        ("bm90LWpzb24", "invalid character 'o' in literal null (expecting 'u')"),  # not-json
+        (b64(b'{"v" "x"}'), "invalid character '\"' after object key"),
         (
             b64(b'{"v":"meta.k8s.io/v1","rv":0,"start":"a"}'),
             "incorrect encoded start resourceVersion (version meta.k8s.io/v1)",

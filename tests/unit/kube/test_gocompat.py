@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.kube.gocompat import GoNumError, go_json, go_quote, parse_int64, parse_uint64
+from proxy.kube.gocompat import (
+    GoNumError,
+    go_json,
+    go_json_syntax_error,
+    go_quote,
+    parse_int64,
+    parse_query,
+    parse_uint64,
+    query_unescape,
+    valid_escapes,
+)
 
 
 @pytest.mark.parametrize(
@@ -107,3 +117,65 @@ def test_parse_uint64_rejects(text: str, message: str) -> None:
 def test_parse_uint64_bounds() -> None:
     assert parse_uint64("18446744073709551615") == 2**64 - 1
     assert parse_uint64("0007") == 7
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("", []),
+        ("watch=1&resourceVersion=5", [("watch", "1"), ("resourceVersion", "5")]),
+        ("labelSelector=app%3Dx%2Cb+in+(c)", [("labelSelector", "app=x,b in (c)")]),
+        # a bad escape drops the whole pair, as Go's URL.Query() does
+        ("labelSelector=%zz&limit=1", [("limit", "1")]),
+        ("a%zz=1&b=%4", []),
+        ("x=%", []),
+        # pairs with a semicolon are dropped (Go 1.17+)
+        ("a=1;b=2&c=3", [("c", "3")]),
+        ("&&watch&=v", [("watch", ""), ("", "v")]),
+        ("k=a=b", [("k", "a=b")]),
+        ("k=%e2%82%ac", [("k", "\u20ac")]),
+        ("k=%ff", [("k", "\ufffd")]),
+    ],
+)
+def test_parse_query_like_go(raw: str, expected: list[tuple[str, str]]) -> None:
+    assert parse_query(raw) == expected
+
+
+def test_query_unescape_and_valid_escapes() -> None:
+    assert query_unescape("a+b%20c") == "a b c"
+    assert query_unescape("%4") is None
+    assert valid_escapes("/api/v1/namespaces/a%2Fb/configmaps")
+    assert not valid_escapes("/api/v1/namespaces/%zz/configmaps")
+    assert not valid_escapes("/a%")
+
+
+@pytest.mark.parametrize(
+    ("data", "error"),
+    [
+        (b"{}", None),
+        (b' [1, {"a": "\\u00e9\\n", "b": -0.5e+3}, true, false, null] ', None),
+        (b'"\xff"', None),  # Go does not check UTF-8
+        (b"", "unexpected end of JSON input"),
+        (b"  ", "unexpected end of JSON input"),
+        (b'{"a":', "unexpected end of JSON input"),
+        (b"not-json", "invalid character 'o' in literal null (expecting 'u')"),
+        (b"tru", "invalid character ' ' in literal true (expecting 'e')"),
+        (b"x", "invalid character 'x' looking for beginning of value"),
+        (b"{}x", "invalid character 'x' after top-level value"),
+        (b"01", "invalid character '1' after top-level value"),
+        (b'{"a" 1}', "invalid character '1' after object key"),
+        (b'{"a":1 2}', "invalid character '2' after object key:value pair"),
+        (b"{,}", "invalid character ',' looking for beginning of object key string"),
+        (b"[1 2]", "invalid character '2' after array element"),
+        (b"[1,]", "invalid character ']' looking for beginning of value"),
+        (b"-", "invalid character ' ' in numeric literal"),
+        (b"1.x", "invalid character 'x' after decimal point in numeric literal"),
+        (b"1e+", "invalid character ' ' in exponent of numeric literal"),
+        (b'"a\\q"', "invalid character 'q' in string escape code"),
+        (b'"\\u12g4"', "invalid character 'g' in \\u hexadecimal character escape"),
+        (b'"a\x01"', "invalid character '\\x01' in string literal"),
+        (b"'", "invalid character '\\'' looking for beginning of value"),
+    ],
+)
+def test_go_json_syntax_error(data: bytes, error: str | None) -> None:
+    assert go_json_syntax_error(data) == error

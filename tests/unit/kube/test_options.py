@@ -570,8 +570,27 @@ def test_list_semantics_rejects_watch_and_invalid() -> None:
         (
             "watch=true&resourceVersion=0&allowWatchBookmarks=true",
             False,
-            # the contract: no initial-events-end bookmark unless sendInitialEvents=true
-            WatchStart(kind=WatchStartKind.INITIAL_STATE, freshness=ListSemanticsKind.ANY),
+            # defaulted to a WatchList (1.34+): the initial-events-end bookmark, as the apiserver
+            WatchStart(
+                kind=WatchStartKind.INITIAL_STATE,
+                freshness=ListSemanticsKind.ANY,
+                initial_events_end_bookmark=True,
+            ),
+        ),
+        (
+            "watch=true&allowWatchBookmarks=true",
+            False,
+            WatchStart(
+                kind=WatchStartKind.INITIAL_STATE,
+                freshness=ListSemanticsKind.MOST_RECENT,
+                initial_events_end_bookmark=True,
+            ),
+        ),
+        (
+            # the /watch/ path alone is not defaulted: no bookmark
+            "allowWatchBookmarks=true",
+            True,
+            WatchStart(kind=WatchStartKind.INITIAL_STATE, freshness=ListSemanticsKind.MOST_RECENT),
         ),
         (
             "watch=true&resourceVersion=12&allowWatchBookmarks=true",
