@@ -122,7 +122,12 @@ class Reflector:
                 if time.monotonic() - started > self.settings.healthy_after:
                     self.backoff.reset()
             except Expired as expired:
-                logger.info("%s: %s; relisting", self.resource, expired.__cause__ or expired)
+                logger.info(
+                    "%s: %s; relisting from RV %s",
+                    self.resource,
+                    expired.__cause__ or expired,
+                    self.shape.rv,
+                )
                 relist = True
             except UpstreamStatusError as error:
                 if self.shape.rv is None and _refuses(error.code):
