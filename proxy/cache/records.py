@@ -55,6 +55,8 @@ class EventRecord:
     prev_raw: bytes | None
     """The previous object, kept only when the labels changed (a transition to DELETED sends it)."""
     raw: bytes | None
+    at: float = 0.0
+    """When it was committed (wall clock), for the event delivery lag metric."""
 
 
 _INT64_MAX = 2**63 - 1

@@ -373,7 +373,7 @@ class Store:
         async with self._reader() as db:
             cursor = await db.execute(
                 "SELECT seq, type, rv, batch, namespace, name, labels, prev_labels, prev_raw, "
-                "raw FROM events WHERE shape_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+                "raw, at FROM events WHERE shape_id = ? AND seq > ? ORDER BY seq LIMIT ?",
                 (shape.id, after, limit),
             )
             rows = await cursor.fetchall()
@@ -392,6 +392,7 @@ class Store:
                 prev_labels=r[7],
                 prev_raw=r[8],
                 raw=r[9],
+                at=r[10],
             )
             for r in rows
         ]

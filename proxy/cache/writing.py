@@ -85,7 +85,7 @@ def apply_changes(
         for change in changes:
             seq += 1
             if change.type is ChangeType.BOOKMARK:
-                records.append(_bookmark(seq, change.rv))
+                records.append(_bookmark(seq, change.rv, at=now))
                 continue
             key = (change.namespace, change.name)
             if key not in previous:
@@ -110,6 +110,7 @@ def apply_changes(
                     prev_labels=prev_labels,
                     prev_raw=before[1] if labels_changed and before else None,
                     raw=change.raw,
+                    at=now,
                 )
             )
             if change.type is ChangeType.DELETED:
@@ -143,7 +144,7 @@ def apply_changes(
     return Committed(rv=rv, last_seq=seq, count=len(records), records=tuple(records[-tail:]))
 
 
-def _bookmark(seq: int, rv: str, *, batch: bool = False) -> EventRecord:
+def _bookmark(seq: int, rv: str, *, at: float, batch: bool = False) -> EventRecord:
     return EventRecord(
         seq=seq,
         type=ChangeType.BOOKMARK,
@@ -155,6 +156,7 @@ def _bookmark(seq: int, rv: str, *, batch: bool = False) -> EventRecord:
         prev_labels=None,
         prev_raw=None,
         raw=None,
+        at=at,
     )
 
 
@@ -252,6 +254,7 @@ def finish_list(
                         prev_labels=bytes(old_labels) if old_labels is not None else None,
                         prev_raw=bytes(old_raw) if labels_changed else None,
                         raw=bytes(raw),
+                        at=now,
                     )
                 )
                 upserts.append((shape_id, namespace, name, uid, obj_rv, labels, raw))
@@ -280,6 +283,7 @@ def finish_list(
                         prev_labels=bytes(labels),
                         prev_raw=None,
                         raw=with_resource_version(bytes(raw), rv),
+                        at=now,
                     )
                 )
                 if len(records) >= CHUNK:
@@ -290,7 +294,7 @@ def finish_list(
             )
         # The list RV is a position in the log: a client holding it resumes right after it.
         seq += 1
-        records.append(_bookmark(seq, rv, batch=not first_list))
+        records.append(_bookmark(seq, rv, at=now, batch=not first_list))
         flush()
         connection.execute("DELETE FROM staging WHERE shape_id = ?", (shape_id,))
         connection.execute(

@@ -211,7 +211,11 @@ class Watch:
                     self.cursor, self.position_rv = record.seq, record.rv
                 if frames:
                     await self._write(b"".join(frames))
-                    self.ctx.metrics.events_out.labels(resource=resource).inc(len(frames))
+                    metrics = self.ctx.metrics
+                    metrics.events_out.labels(resource=resource).inc(len(frames))
+                    # Commit to written, for the newest of the batch (the oldest lag more).
+                    lag = time.time() - records[-1].at
+                    metrics.event_delivery_lag.labels(resource=resource).observe(max(lag, 0.0))
                 continue
             now = time.monotonic()
             if now >= self.deadline or self.shape.log.closed:
