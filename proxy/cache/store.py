@@ -210,7 +210,7 @@ class Store:
                 self.storage_error = f"{type(error).__name__}: {error}"
                 if self.metrics is not None:
                     self.metrics.storage_errors.inc()
-                raise
+                raise StorageError(self.storage_error) from error
             self.storage_error = None
             if self.metrics is not None:
                 self.metrics.commit_duration.observe(time.perf_counter() - started)
@@ -454,6 +454,11 @@ class Store:
             except OSError:
                 sizes.append(0)
         return sizes[0], sizes[1]
+
+
+class StorageError(Exception):
+    """A write failed (disk full, I/O error). Nothing of it was committed: the transaction
+    rolled back, so the cache is still the consistent state of the last commit."""
 
 
 class TooNew(Exception):

@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 
 from proxy.cache.records import Change, ChangeType, change_from_object
-from proxy.cache.store import Shape, Store
+from proxy.cache.store import Shape, StorageError, Store
 from proxy.kube.payloads import INITIAL_EVENTS_END_ANNOTATION
 from proxy.metrics import Metrics
 from proxy.upstream.connecting import Upstream
@@ -140,6 +140,10 @@ class Reflector:
             except UpstreamError as error:
                 await self._pause(error, retry_after=None, unhealthy=True)
             except (OSError, ValueError) as error:  # a broken stream (framing, JSON)
+                await self._pause(error, retry_after=None, unhealthy=False)
+            except StorageError as error:
+                # Nothing of the batch was committed; the watch resumes from the last
+                # committed RV once writes succeed again (e.g. disk space was freed).
                 await self._pause(error, retry_after=None, unhealthy=False)
 
     async def _admitted(self) -> None:
