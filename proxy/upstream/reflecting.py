@@ -24,6 +24,7 @@ import orjson
 
 from proxy.cache.records import Change, ChangeType, change_from_object
 from proxy.cache.store import Shape, StorageError, Store
+from proxy.kube import versions
 from proxy.kube.payloads import INITIAL_EVENTS_END_ANNOTATION
 from proxy.metrics import Metrics
 from proxy.upstream.connecting import Upstream
@@ -222,6 +223,11 @@ class Reflector:
         await self._finish(rv=rv, kind=kind, api_version=api_version)
 
     async def _finish(self, *, rv: str, kind: str, api_version: str) -> None:
+        if self.shape.rv is not None and versions.compare(rv, self.shape.rv) == -1:
+            # A relist must not take the cache back in time (clients hold newer RVs).
+            raise UpstreamProtocolError(
+                f"relist at RV {rv} is older than the cache's {self.shape.rv}"
+            )
         appended = await self.store.finish_list(
             self.shape, rv=rv, kind=kind, api_version=api_version
         )
