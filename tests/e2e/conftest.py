@@ -8,7 +8,9 @@ by namespace (the ``namespace`` fixture) rather than by restarting the plane.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
+import json
 import os
 import subprocess
 import tempfile
@@ -171,3 +173,42 @@ def start_sidecar(plane: ControlPlane, tmp_path: Path) -> Iterator[Callable[...,
     yield start
     for sidecar in started:
         sidecar.stop()
+
+
+Keys = set[tuple[str, str, str]]
+"""Objects as (namespace, name, resourceVersion): what the informer digests compare."""
+
+
+def keys_of(items: list[dict[str, Any]]) -> Keys:
+    return {
+        (
+            i["metadata"].get("namespace", ""),
+            i["metadata"]["name"],
+            i["metadata"]["resourceVersion"],
+        )
+        for i in items
+    }
+
+
+def listed_keys(
+    kubectl: Kubectl, kind: str, namespace: str, *, kubeconfig: Path | None = None
+) -> Keys:
+    """What ``kubectl get KIND -n NAMESPACE`` lists (directly, or through ``kubeconfig``)."""
+    out = kubectl("get", kind, "-n", namespace, "-o", "json", kubeconfig=kubeconfig).stdout
+    return keys_of(json.loads(out)["items"])
+
+
+def digest_keys(client: goclient.GoClient, resource: str) -> Keys:
+    return {tuple(i) for i in client.digest()[resource]["items"]}  # type: ignore[misc]
+
+
+async def converge(
+    client: goclient.GoClient, resource: str, expected: Keys, *, timeout: float = 120
+) -> None:
+    """Wait until the informer's cache equals ``expected``; fail with the difference."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        if digest_keys(client, resource) == expected:
+            return
+        await asyncio.sleep(0.5)
+    assert digest_keys(client, resource) == expected

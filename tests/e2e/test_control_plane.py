@@ -14,7 +14,6 @@ import subprocess
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 from kubernetes_asyncio import client as k8s_client
@@ -24,12 +23,11 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from loadtest import kubeapi
 from loadtest.cluster import ControlPlane
 from loadtest.goclient import GoClient
-from tests.e2e.conftest import CreateMany, Kubectl
+from tests.e2e.conftest import CreateMany, Kubectl, keys_of
 
 pytestmark = pytest.mark.e2e
 
 CRD = Path(__file__).resolve().parents[2] / "loadtest" / "manifests" / "widgets-crd.yaml"
-Key = tuple[str, str, str]  # namespace, name, resourceVersion
 
 
 @pytest.fixture(scope="module")
@@ -37,17 +35,6 @@ def widgets_crd(kubectl: Kubectl) -> str:
     kubectl("apply", "-f", str(CRD))
     kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/widgets.example.com")
     return "example.com/v1/widgets"
-
-
-def keys_of(items: list[dict[str, Any]]) -> set[Key]:
-    return {
-        (
-            i["metadata"].get("namespace", ""),
-            i["metadata"]["name"],
-            i["metadata"]["resourceVersion"],
-        )
-        for i in items
-    }
 
 
 def test_admin_lists_namespaces_and_restricted_is_forbidden(

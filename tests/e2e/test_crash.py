@@ -4,7 +4,6 @@ that cannot open or that disagrees with the apiserver once it caught up."""
 from __future__ import annotations
 
 import asyncio
-import json
 import sqlite3
 from collections.abc import Callable
 
@@ -13,7 +12,7 @@ import pytest
 from loadtest import kubeapi
 from loadtest.goclient import GoClient
 from loadtest.sidecar import Sidecar
-from tests.e2e.conftest import Kubectl
+from tests.e2e.conftest import Kubectl, converge, listed_keys
 
 pytestmark = pytest.mark.e2e
 
@@ -42,18 +41,9 @@ async def test_kill_9_during_a_write_burst(
         sidecar.restart()  # the database opens (integrity-checked at start)
     await burst
 
-    listed = json.loads(kubectl("get", "configmaps", "-n", namespace, "-o", "json").stdout)
-    expected = {
-        (i["metadata"]["namespace"], i["metadata"]["name"], i["metadata"]["resourceVersion"])
-        for i in listed["items"]
-    }
+    expected = listed_keys(kubectl, "configmaps", namespace)
     assert len(expected) == WRITES
-    for _ in range(240):
-        digest = client.digest()[shape]
-        if digest["count"] == WRITES:
-            break
-        await asyncio.sleep(0.5)
-    assert {tuple(i) for i in client.digest()[shape]["items"]} == expected
+    await converge(client, shape, expected)
 
     sidecar.stop()
     with sqlite3.connect(sidecar.db) as db:

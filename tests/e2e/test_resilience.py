@@ -25,7 +25,7 @@ import pytest
 from loadtest import kubeapi
 from loadtest.goclient import GoClient
 from loadtest.sidecar import Sidecar
-from tests.e2e.conftest import CreateMany, Kubectl
+from tests.e2e.conftest import CreateMany, Kubectl, converge, listed_keys
 
 pytestmark = pytest.mark.e2e
 
@@ -88,17 +88,7 @@ async def test_full_disk_keeps_serving_and_recovers(
         assert db.execute("PRAGMA quick_check").fetchone()[0] == "ok"
 
     subprocess.run(["mount", "-o", "remount,size=256m", str(small_disk)], check=True)
-    expected = {
-        (i["metadata"]["namespace"], i["metadata"]["name"], i["metadata"]["resourceVersion"])
-        for i in json.loads(kubectl("get", "configmaps", "-n", namespace, "-o", "json").stdout)[
-            "items"
-        ]
-    }
-    for _ in range(240):
-        if {tuple(i) for i in client.digest()[shape]["items"]} == expected:
-            break
-        await asyncio.sleep(0.5)
-    assert {tuple(i) for i in client.digest()[shape]["items"]} == expected
+    await converge(client, shape, listed_keys(kubectl, "configmaps", namespace))
     for _ in range(60):
         if readyz(sidecar)[0] == 200:
             break

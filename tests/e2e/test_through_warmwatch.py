@@ -25,12 +25,11 @@ from loadtest import kubeapi
 from loadtest.cluster import ControlPlane
 from loadtest.goclient import GoClient
 from loadtest.sidecar import Sidecar
-from tests.e2e.conftest import CreateMany, Kubectl
+from tests.e2e.conftest import CreateMany, Keys, Kubectl, listed_keys
 
 pytestmark = pytest.mark.e2e
 
 CRD = Path(__file__).resolve().parents[2] / "loadtest" / "manifests" / "widgets-crd.yaml"
-Keys = set[tuple[str, str, str]]
 
 
 @pytest.fixture(scope="module")
@@ -38,22 +37,6 @@ def widgets(kubectl: Kubectl) -> str:
     kubectl("apply", "-f", str(CRD))
     kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/widgets.example.com")
     return "example.com/v1/widgets"
-
-
-def keys(items: list[dict[str, Any]]) -> Keys:
-    return {
-        (
-            i["metadata"].get("namespace", ""),
-            i["metadata"]["name"],
-            i["metadata"]["resourceVersion"],
-        )
-        for i in items
-    }
-
-
-def listed(kubectl: Kubectl, kind: str, namespace: str, kubeconfig: Path | None = None) -> Keys:
-    out = kubectl("get", kind, "-n", namespace, "-o", "json", kubeconfig=kubeconfig).stdout
-    return keys(json.loads(out)["items"])
 
 
 async def wait_for_service_account(api: kubeapi.RawClient, namespace: str) -> None:
@@ -159,9 +142,9 @@ async def test_informers_through_warmwatch_equal_direct_ones(
     await churn(admin_api, namespace)
 
     expected = {
-        resources[0]: listed(kubectl, "configmaps", namespace),
-        resources[1]: listed(kubectl, "pods", namespace),
-        resources[2]: listed(kubectl, "widgets.example.com", namespace),
+        resources[0]: listed_keys(kubectl, "configmaps", namespace),
+        resources[1]: listed_keys(kubectl, "pods", namespace),
+        resources[2]: listed_keys(kubectl, "widgets.example.com", namespace),
     }
     await converge([direct, *through], expected)
     # Every change reached the informers through warmwatch as it reached the direct one.
@@ -179,7 +162,10 @@ async def test_informers_through_warmwatch_equal_direct_ones(
     for kind, resource in zip(
         ("configmaps", "pods", "widgets.example.com"), resources, strict=True
     ):
-        assert listed(kubectl, kind, namespace, kubeconfig=sidecar.kubeconfig) == expected[resource]
+        assert (
+            listed_keys(kubectl, kind, namespace, kubeconfig=sidecar.kubeconfig)
+            == expected[resource]
+        )
 
 
 async def test_kubernetes_asyncio_lists_and_watches_through_warmwatch(

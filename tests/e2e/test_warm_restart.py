@@ -4,7 +4,6 @@ apiserver is down, and then receives exactly what it missed — with no upstream
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable
 
 import pytest
@@ -13,19 +12,11 @@ from loadtest import kubeapi
 from loadtest.cluster import ControlPlane
 from loadtest.goclient import GoClient
 from loadtest.sidecar import Sidecar
-from tests.e2e.conftest import CreateMany, Kubectl
+from tests.e2e.conftest import CreateMany, Kubectl, listed_keys
 
 pytestmark = pytest.mark.e2e
 
 OBJECTS = 20_000
-
-
-def digest_items(kubectl: Kubectl, namespace: str) -> set[tuple[str, str, str]]:
-    listed = json.loads(kubectl("get", "configmaps", "-n", namespace, "-o", "json").stdout)
-    return {
-        (i["metadata"]["namespace"], i["metadata"]["name"], i["metadata"]["resourceVersion"])
-        for i in listed["items"]
-    }
 
 
 async def make_changes(api: kubeapi.RawClient, namespace: str) -> list[tuple[str, str, str]]:
@@ -107,7 +98,9 @@ async def test_sidecar_restart_resumes_without_relisting(
     await asyncio.sleep(2)  # nothing more may arrive
     missed = _missed(client)
     assert missed == changes[len(changes) - len(missed) :]  # the tail the initial list lacked
-    assert {tuple(i) for i in client.digest()[shape]["items"]} == digest_items(kubectl, namespace)
+    assert {tuple(i) for i in client.digest()[shape]["items"]} == listed_keys(
+        kubectl, "configmaps", namespace
+    )
     # The restart cost no upstream list: the reflector resumed its watch from the cache's RV.
     assert sidecar.metric("warmwatch_upstream_relists_total") == 0
     assert sidecar.metric("warmwatch_upstream_requests_total", {"verb": "LIST"}) == 0
@@ -138,7 +131,7 @@ async def test_restart_while_apiserver_down_then_catch_up(
         start_sidecar=start_sidecar,
         start_goclient=start_goclient,
     )
-    expected = digest_items(kubectl, namespace)
+    expected = listed_keys(kubectl, "configmaps", namespace)
     plane.stop_apiserver()
     try:
         sidecar.restart()  # ready from disk alone: the apiserver is down
