@@ -220,14 +220,16 @@ def finish_list(
         ).fetchone()
         first_list = shape[0] is None
         seq = int(shape[1])
-        records: list[EventRecord] = []
+        records: list[EventRecord] = []  # appended, not inserted yet
+        published: list[EventRecord] = []  # the newest inserted ones, at most ``tail``
         count = 0
 
         def flush() -> None:
-            nonlocal records, count
+            nonlocal records, published, count
             connection.executemany(_INSERT_EVENT, (_event_row(shape_id, r, now) for r in records))
             count += len(records)
-            records = records[-tail:]
+            published = (published + records)[-tail:]
+            records = []
 
         if not first_list:  # a first fill is already in place (see ``stage``)
             changed = connection.execute(
@@ -302,7 +304,7 @@ def finish_list(
             "log_start_rv = COALESCE(log_start_rv, ?) WHERE id = ?",
             (rv, seq, kind, api_version, now, rv, shape_id),
         )
-    return Committed(rv=rv, last_seq=seq, count=count, records=tuple(records[-tail:]))
+    return Committed(rv=rv, last_seq=seq, count=count, records=tuple(published))
 
 
 def trim(connection: sqlite3.Connection, *, shape_id: int, max_events: int, max_age: float) -> int:

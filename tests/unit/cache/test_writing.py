@@ -151,3 +151,15 @@ def test_foreign_database_is_refused() -> None:
     connection.execute("CREATE TABLE users (id INTEGER)")
     with pytest.raises(schema.SchemaError, match="not a warmwatch database"):
         schema.migrate(connection)
+
+
+def test_a_relist_larger_than_a_chunk_is_appended_once(db: sqlite3.Connection) -> None:
+    fill(db, [cm("old", 1)], "10")
+    many = [cm(f"o{i:05d}", 11 + i) for i in range(2 * writing.CHUNK + 500)]
+    committed = fill(db, many, "9000")
+    (count,) = db.execute("SELECT count(*) FROM events WHERE batch = 1").fetchone()
+    assert count == len(many) + 2  # every object once, the DELETED of "old", the bookmark
+    assert committed.count == count
+    seqs = [r.seq for r in committed.records]
+    assert seqs == list(range(seqs[0], committed.last_seq + 1))  # the newest, contiguous
+    assert len(seqs) == writing.CHUNK
