@@ -121,12 +121,16 @@ class Sidecar:
                     f"warmwatch exited {self.process.returncode}:\n" + self.log.read_text()[-4000:]
                 )
             try:
-                if self._get("/readyz")[0] == 200:
+                if self.readyz()[0] == 200:
                     return
             except OSError:
                 pass
             time.sleep(0.1)
         raise TimeoutError("warmwatch not ready:\n" + self.log.read_text()[-4000:])
+
+    def readyz(self) -> tuple[int, str]:
+        """``/readyz``: its status code and text."""
+        return self._get("/readyz")
 
     def metrics(self) -> str:
         return self._get("/metrics")[1]

@@ -15,8 +15,6 @@ import json
 import sqlite3
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -40,16 +38,6 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         yield mount
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
-def readyz(sidecar: Sidecar) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(
-            f"http://127.0.0.1:{sidecar.metrics_port}/readyz", timeout=5
-        ) as answer:
-            return answer.status, answer.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
 
 
 async def test_full_disk_keeps_serving_and_recovers(
@@ -76,7 +64,7 @@ async def test_full_disk_keeps_serving_and_recovers(
             break
         await asyncio.sleep(0.5)
     assert sidecar.metric("warmwatch_storage_errors_total") > 0
-    code, text = readyz(sidecar)
+    code, text = sidecar.readyz()
     assert code == 503 and "storage" in text, (code, text)
     listed = json.loads(
         kubectl(
@@ -90,10 +78,10 @@ async def test_full_disk_keeps_serving_and_recovers(
     subprocess.run(["mount", "-o", "remount,size=256m", str(small_disk)], check=True)
     await converge(client, shape, listed_keys(kubectl, "configmaps", namespace))
     for _ in range(60):
-        if readyz(sidecar)[0] == 200:
+        if sidecar.readyz()[0] == 200:
             break
         await asyncio.sleep(0.5)
-    assert readyz(sidecar)[0] == 200
+    assert sidecar.readyz()[0] == 200
 
 
 @pytest.mark.parametrize(
