@@ -171,6 +171,22 @@ class Metrics:
             ("resource", "reason"),
             registry=r,
         )
+        self.reflector_restarts: Final = Counter(
+            f"{PREFIX}reflector_restarts",
+            "Reflectors restarted by their supervisor, by reason: failed (an unexpected "
+            "error), refused / revoked (a configured shape starting over after its list was "
+            "refused or its access revoked upstream).",
+            ("resource", "reason"),
+            registry=r,
+        )
+        self.shapes_dropped: Final = Counter(
+            f"{PREFIX}shapes_dropped",
+            "Shapes dropped with their data, by reason: unused (a learned shape nobody asked "
+            "for), refused (its first list was refused upstream), revoked (a filled shape "
+            "became unreadable upstream: RBAC changed, CRD deleted).",
+            ("resource", "reason"),
+            registry=r,
+        )
         self.circuit_breaker_state: Final = Gauge(
             f"{PREFIX}circuit_breaker_state",
             "Circuit breaker state per target: 0 closed, 1 half-open, 2 open.",

@@ -15,7 +15,7 @@ import os
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -64,7 +64,6 @@ class Shape:
     log_start_rv: str | None
     used_at: float
     log: ShapeLog
-    filled: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def resource(self) -> str:
@@ -104,6 +103,7 @@ class Store:
         self._readers: asyncio.Queue[aiosqlite.Connection] = asyncio.Queue()
         self._reader_count = 0
         self._reader_lock = asyncio.Lock()
+        self._shape_lock = asyncio.Lock()
         self.shapes: dict[ShapeKey, Shape] = {}
         self.storage_error: str | None = None
         """The last write failure (disk full, I/O error), cleared by the next success."""
@@ -186,8 +186,6 @@ class Store:
             used_at=used_at,
             log=ShapeLog(last_seq=last_seq, ring_size=self.settings.ring_size),
         )
-        if rv is not None:
-            shape.filled.set()
         self.shapes[key] = shape
         return shape
 
@@ -217,14 +215,18 @@ class Store:
             return result
 
     async def ensure_shape(self, key: ShapeKey, *, configured: bool) -> Shape:
-        existing = self.shapes.get(key)
-        if existing is not None:
-            if configured and not existing.configured:
-                await self._write(_set_configured, shape_id=existing.id)
-                existing.configured = True
-            return existing
-        row = await self._write(_insert_shape, key=key, configured=configured)
-        return self._remember(row)
+        """The shape ``key``, created if new. Two clients asking for the same new shape at
+        the same moment get the same one (the check and the insert are one critical
+        section, not two awaits apart)."""
+        async with self._shape_lock:
+            existing = self.shapes.get(key)
+            if existing is not None:
+                if configured and not existing.configured:
+                    await self._write(_set_configured, shape_id=existing.id)
+                    existing.configured = True
+                return existing
+            row = await self._write(_insert_shape, key=key, configured=configured)
+            return self._remember(row)
 
     async def drop_shape(self, shape: Shape) -> None:
         await self._write(_delete_shape, shape_id=shape.id)
@@ -265,7 +267,6 @@ class Store:
         if shape.log_start_rv is None:
             shape.log_start_rv = rv
         shape.log.publish(last_seq=committed.last_seq, records=committed.records)
-        shape.filled.set()
         return committed.count - 1  # the list-RV bookmark is a position, not an event
 
     async def trim(self) -> int:

@@ -67,7 +67,7 @@ async def read_collection(
             logger.info("%s refused upstream (%s); passing through", wanted.exact_key, refused)
             return await _pass(request, ctx)
         if not filled:
-            logger.info("%s not filled yet; passing the request through", shape.key)
+            logger.info("%s: its fill failed or stalled; passing the request through", shape.key)
             return await _pass(request, ctx)
     await ctx.store.touch(shape)
 

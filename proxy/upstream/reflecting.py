@@ -7,12 +7,23 @@
   one transaction before anyone sees it. A normal end of the stream re-watches from the RV.
 - 410 (at request time or as an ERROR event): relist and append the difference to the log.
 - Other failures: capped jittered backoff, Retry-After honoured, the circuit breaker told.
+
+Only the list phase holds a :class:`ListLimiter` slot: a WatchList fill gives its slot back
+as soon as its initial events are committed and goes on as the shape's watch. Clients waiting
+for a first fill follow it through :class:`FillProgress`.
+
+How :meth:`Reflector.run` ends (the syncer's supervisor decides what follows, see
+``syncing``): ``REFUSED`` when the first list is refused (401, 403, 404, ...: never cache
+what warmwatch may not read), ``REVOKED`` when a filled shape's list or watch is answered
+403 or 404 several times in a row (access revoked, CRD deleted: the cache must stop
+answering for it). Anything else is retried here, forever.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 import random
 import time
@@ -30,7 +41,14 @@ from proxy.metrics import Metrics
 from proxy.upstream.connecting import Upstream
 from proxy.upstream.errors import UpstreamError, UpstreamProtocolError, UpstreamStatusError
 from proxy.upstream.framing import event_object_bytes, line_batches
-from proxy.upstream.resilience import Backoff, CircuitBreaker, ListLimiter, choose_delay
+from proxy.upstream.resilience import (
+    Backoff,
+    CircuitBreaker,
+    Clock,
+    ListLimiter,
+    ListSlot,
+    choose_delay,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -49,14 +67,58 @@ class ReflectorSettings:
     """Try WatchList first; falls back to LIST when the apiserver refuses it."""
     healthy_after: float = 120.0
     """A watch that lived this long resets the backoff (client-go: 2 minutes)."""
+    revoke_after: int = 3
+    """Consecutive 403/404 answers to a filled shape's list or watch that mean "access
+    revoked" or "resource gone" (a deleted CRD). More than one, because a restarting apiserver
+    can answer 404 for a custom resource for a moment before its CRD informer has synced;
+    with the backoff in between, three answers span a few seconds."""
 
 
-class Refused(Exception):
-    """The apiserver refused the shape's first list (401, 403, 404): the shape is not kept."""
+class Ending(enum.Enum):
+    """Why :meth:`Reflector.run` returned (it runs until cancelled otherwise)."""
 
-    def __init__(self, error: UpstreamStatusError) -> None:
-        super().__init__(str(error))
-        self.error = error
+    REFUSED = "refused"
+    """The first list was refused: nothing was cached."""
+    REVOKED = "revoked"
+    """A filled shape became unreadable upstream: its cache must no longer be served."""
+
+
+class FillState(enum.Enum):
+    QUEUED = "queued"
+    """Waiting for a list slot (other shapes are listing)."""
+    LISTING = "listing"
+    BACKING_OFF = "backing-off"
+    """The last attempt failed, or the circuit breaker is open: no fill is under way."""
+    REFUSED = "refused"
+    FILLED = "filled"
+
+
+class FillProgress:
+    """A shape's first fill as a waiting client sees it: its state, when it last made
+    progress (objects arrived, a slot was granted), and a signal on every change."""
+
+    def __init__(self, *, filled: bool, clock: Clock = time.monotonic) -> None:
+        self._clock = clock
+        self.state = FillState.FILLED if filled else FillState.QUEUED
+        self.progressed_at = clock()
+        self.refusal: UpstreamStatusError | None = None
+        self._changed = asyncio.Event()
+
+    def set(self, state: FillState, *, refusal: UpstreamStatusError | None = None) -> None:
+        if self.state is FillState.FILLED or (state is self.state and refusal is None):
+            return
+        self.state, self.refusal = state, refusal
+        self.progress()
+
+    def progress(self) -> None:
+        self.progressed_at = self._clock()
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def changed(self, *, timeout: float) -> None:
+        """Wait for the next change (or ``timeout``)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), timeout)
 
 
 class Expired(Exception):
@@ -101,7 +163,9 @@ class Reflector:
         self.metrics = metrics
         self.watch_list = settings.watch_list
         self.path = shape.key.gvr.collection_path(namespace=shape.key.namespace or None)
-        self.refused: Refused | None = None
+        self.fill = FillProgress(filled=shape.rv is not None)
+        self._denied = 0
+        """Consecutive 403/404 answers while the shape is filled (see ``revoke_after``)."""
         self.lists = 0
         """Upstream lists made by this reflector (fills and relists)."""
 
@@ -109,8 +173,8 @@ class Reflector:
     def resource(self) -> str:
         return self.shape.resource
 
-    async def run(self) -> None:
-        """Keep the shape in step until cancelled, or until its first list is refused."""
+    async def run(self) -> Ending:
+        """Keep the shape in step until cancelled, or until it must not be cached (Ending)."""
         relist = False
         while True:
             try:
@@ -132,10 +196,19 @@ class Reflector:
                 relist = True
             except UpstreamStatusError as error:
                 if self.shape.rv is None and _refuses(error.code):
-                    self.refused = Refused(error)
-                    self.shape.filled.set()  # wake waiters: they read .refused
+                    self.fill.set(FillState.REFUSED, refusal=error)
                     logger.warning("%s: upstream refused the list: %s", self.resource, error)
-                    return
+                    return Ending.REFUSED
+                if error.code in (403, 404):
+                    self._denied += 1
+                    if self._denied >= self.settings.revoke_after:
+                        logger.warning(
+                            "%s: upstream answers %d %s; no longer serving it from the cache",
+                            self.resource,
+                            error.code,
+                            error.reason,
+                        )
+                        return Ending.REVOKED
                 unhealthy = error.code >= 500 or error.code == 429
                 await self._pause(error, retry_after=error.retry_after, unhealthy=unhealthy)
             except UpstreamError as error:
@@ -150,13 +223,15 @@ class Reflector:
     async def _admitted(self) -> None:
         """Wait while the circuit breaker is open: one probe at a time finds out whether the
         apiserver is back, instead of every reflector hammering it."""
-        while not self.breaker.allow():  # noqa: ASYNC110 - the breaker opens and closes by time
+        while not self.breaker.allow():
+            self.fill.set(FillState.BACKING_OFF)
             await asyncio.sleep(max(self.breaker.retry_in(), 0.2))
 
     async def _pause(self, error: Exception, *, retry_after: float | None, unhealthy: bool) -> None:
         if unhealthy:
             self.breaker.record_failure()
             self.metrics.watch_restarts.labels(resource=self.resource, reason="error").inc()
+        self.fill.set(FillState.BACKING_OFF)
         delay = choose_delay(backoff=self.backoff.next_delay(), retry_after=retry_after)
         logger.info("%s: %s; retrying in %.1fs", self.resource, error, delay)
         await asyncio.sleep(delay)
@@ -165,34 +240,35 @@ class Reflector:
 
     async def _list(self) -> None:
         """Fill (first time) or relist (after 410); a relist appends the diff to the log."""
-        async with self.limiter:
+        self.fill.set(FillState.QUEUED)
+        async with self.limiter.slot() as slot:
+            self.fill.set(FillState.LISTING)
             started = time.monotonic()
             self.lists += 1
             self.metrics.upstream_relists.labels(resource=self.resource).inc()
             await self.store.discard_staging(self.shape)
             if self.watch_list:
                 try:
-                    await self._watch_list()
+                    await self._watch_list(slot, started=started)
                     return
                 except UpstreamStatusError as error:
-                    if error.code in (400, 422):
-                        logger.info("%s: WatchList refused (%s); using LIST", self.resource, error)
-                        self.watch_list = False
-                    else:
-                        raise
-                finally:
-                    self._observe_list(started, "watchlist")
-            try:
-                await self._paginated_list()
-            finally:
-                self._observe_list(started, "list")
+                    if not slot.held or error.code not in (400, 422):
+                        raise  # (a released slot: the fill was done, this is the watch)
+                    logger.info("%s: WatchList refused (%s); using LIST", self.resource, error)
+                    self.watch_list = False
+            await self._paginated_list(slot)
+            self._observe_list(started, "list")
+
+    def _progressed(self, slot: ListSlot) -> None:
+        slot.progress()
+        self.fill.progress()
 
     def _observe_list(self, started: float, how: str) -> None:
         self.metrics.list_duration.labels(resource=self.resource, source=f"upstream-{how}").observe(
             time.monotonic() - started
         )
 
-    async def _paginated_list(self) -> None:
+    async def _paginated_list(self, slot: ListSlot) -> None:
         continue_token = ""
         rv = kind = api_version = ""
         while True:
@@ -201,6 +277,7 @@ class Reflector:
                 params["continue"] = continue_token
             page = await self.upstream.json_request("GET", (self.path, params), verb="LIST")
             self.breaker.record_success()
+            self._denied = 0
             metadata = page.get("metadata") or {}
             if not continue_token:
                 rv = str(metadata.get("resourceVersion", ""))
@@ -208,6 +285,7 @@ class Reflector:
                 kind = list_kind.removesuffix("List")
                 api_version = str(page.get("apiVersion", ""))
             items = page.get("items") or []
+            self._progressed(slot)
             await self.store.stage(
                 self.shape,
                 [
@@ -232,10 +310,12 @@ class Reflector:
             self.shape, rv=rv, kind=kind, api_version=api_version
         )
         logger.info("%s: listed at RV %s (%d events appended)", self.resource, rv, appended)
+        self.fill.set(FillState.FILLED)
         self._observe_rv(rv)
 
-    async def _watch_list(self) -> None:
-        """Fill by WatchList, then keep consuming the same stream as the watch."""
+    async def _watch_list(self, slot: ListSlot, *, started: float) -> None:
+        """Fill by WatchList, give the list slot back, then keep consuming the same stream as
+        the watch."""
         params = _params(
             self.shape,
             watch="1",
@@ -253,6 +333,7 @@ class Reflector:
                 if not filling:
                     await self._apply_lines(lines)
                     continue
+                self._progressed(slot)
                 for index, line in enumerate(lines):
                     event = _decode(line)
                     kind_, obj = event["type"], event.get("object") or {}
@@ -272,6 +353,8 @@ class Reflector:
                         api_version = api_version or obj.get("apiVersion", "")
                         rv = str(obj.get("metadata", {}).get("resourceVersion", ""))
                         await self._finish(rv=rv, kind=kind, api_version=api_version)
+                        self._observe_list(started, "watchlist")
+                        slot.release()
                         filling = False
                         if rest := lines[index + 1 :]:
                             await self._apply_lines(rest)
@@ -299,6 +382,7 @@ class Reflector:
                 raise UpstreamStatusError.from_response(
                     code=response.status, body=await response.read(), headers=response.headers
                 )
+            self._denied = 0
             yield response.content.iter_any()
 
     def _watch_timeout(self) -> int:

@@ -8,12 +8,12 @@ waiting in :class:`ListLimiter`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import random
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Final
 
 from proxy.metrics import BreakerStateValue, Metrics
@@ -26,6 +26,7 @@ __all__ = [
     "CircuitBreaker",
     "ListLimiter",
     "ListLimiterSettings",
+    "ListSlot",
     "choose_delay",
 ]
 
@@ -268,19 +269,31 @@ class ListLimiterSettings:
 
 
 class ListLimiter:
-    """An ``asyncio.Semaphore`` with visible ``waiting`` and ``active`` counts::
+    """Bounds the upstream LIST phase of fills and relists: an ``asyncio.Semaphore`` with
+    visible ``waiting`` and ``active`` counts, whose slot can be given back early::
 
-    async with limiter:
-        ... list upstream ...
+        async with limiter.slot() as slot:
+            ... list upstream (report slot.progress()) ...
+            slot.release()  # a WatchList's initial events are in: its watch goes on freely
+
+    Only the list phase is bounded, never the watch that follows it: a WatchList fill keeps
+    its stream open as the shape's watch, and holding the slot for that whole watch would
+    starve every shape queued behind it (a controller with a dozen informers would wait for
+    the fill timeout). ``progressed_at`` is the last time any slot holder reported progress,
+    so a client waiting for a queued fill can tell a busy queue from a stuck one.
     """
 
-    def __init__(self, settings: ListLimiterSettings | None = None) -> None:
+    def __init__(
+        self, settings: ListLimiterSettings | None = None, *, clock: Clock = time.monotonic
+    ) -> None:
         self.settings: Final = settings or ListLimiterSettings()
         if self.settings.concurrent_lists < 1:
             raise ValueError("concurrent_lists must be at least 1")
         self._semaphore = asyncio.Semaphore(self.settings.concurrent_lists)
+        self._clock = clock
         self._waiting = 0
         self._active = 0
+        self.progressed_at = clock()
 
     @property
     def limit(self) -> int:
@@ -296,27 +309,47 @@ class ListLimiter:
         """Listers holding a slot."""
         return self._active
 
-    async def acquire(self) -> None:
+    def progressed(self) -> None:
+        """A slot holder made progress (objects arrived, a slot changed hands)."""
+        self.progressed_at = self._clock()
+
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[ListSlot]:
+        """Wait for a slot; it is released on leaving the block unless released before."""
         self._waiting += 1
         try:
             await self._semaphore.acquire()
         finally:
             self._waiting -= 1
         self._active += 1
+        self.progressed()
+        held = ListSlot(self)
+        try:
+            yield held
+        finally:
+            held.release()
 
-    def release(self) -> None:
-        if self._active <= 0:
-            raise RuntimeError("ListLimiter released more often than acquired")
+    def _release(self) -> None:
         self._active -= 1
         self._semaphore.release()
+        self.progressed()
 
-    async def __aenter__(self) -> None:
-        await self.acquire()
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.release()
+class ListSlot:
+    """One held place in a :class:`ListLimiter`; :meth:`release` is idempotent."""
+
+    def __init__(self, limiter: ListLimiter) -> None:
+        self._limiter: ListLimiter | None = limiter
+
+    @property
+    def held(self) -> bool:
+        return self._limiter is not None
+
+    def progress(self) -> None:
+        if self._limiter is not None:
+            self._limiter.progressed()
+
+    def release(self) -> None:
+        if self._limiter is not None:
+            limiter, self._limiter = self._limiter, None
+            limiter._release()

@@ -1,8 +1,19 @@
 """Owns the shapes' reflectors: starts them, learns new shapes, drops unused ones.
 
-Every reflector runs as a named task owned here and awaited on shutdown. Configured shapes
-(``--resource``) and every persisted shape resume at start, before any client asks; a learned
-shape is created the first time a client lists or watches a collection no shape covers.
+Every reflector runs under a supervisor task owned here and awaited on shutdown. Configured
+shapes (``--resource``) and every persisted shape resume at start, before any client asks; a
+learned shape is created the first time a client lists or watches a collection no shape
+covers. Any number of shapes fill at once: the list limiter bounds only their list phases.
+
+The supervisor never leaves a shape without its reflector:
+
+- a reflector that fails unexpectedly is restarted with backoff
+  (``warmwatch_reflector_restarts_total{reason="failed"}``);
+- a first list refused upstream (401/403/404): a learned shape is dropped (the waiting client
+  is passed through and gets the apiserver's answer); a configured one is retried with backoff;
+- access revoked from a filled shape (403/404 in a row: RBAC changed, CRD deleted): the shape
+  and its data are dropped, which ends its watches; clients then get the apiserver's own
+  answer, as they would without warmwatch. A configured shape starts over, empty.
 """
 
 from __future__ import annotations
@@ -13,15 +24,15 @@ import functools
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from proxy.cache.shapes import Request, ShapeKey, choose
 from proxy.cache.store import Shape, Store
 from proxy.metrics import Metrics
 from proxy.upstream.connecting import Upstream
 from proxy.upstream.errors import UpstreamStatusError
-from proxy.upstream.reflecting import Reflector, ReflectorSettings
-from proxy.upstream.resilience import Backoff, CircuitBreaker, ListLimiter
+from proxy.upstream.reflecting import FillState, Reflector, ReflectorSettings
+from proxy.upstream.resilience import Backoff, BackoffSettings, CircuitBreaker, ListLimiter
 
 logger = logging.getLogger(__name__)
 
@@ -30,12 +41,17 @@ logger = logging.getLogger(__name__)
 class SyncSettings:
     learn: bool = True
     """Cache collections that clients ask for, not only the configured ones."""
-    fill_wait: float = 120.0
-    """How long a client's request for a newly learned shape waits for its first list before
-    it is passed through instead (a huge collection may take longer than a client waits)."""
+    fill_stall: float = 60.0
+    """A client's request for a shape that is being filled waits for the fill as long as the
+    fill (or, while it is queued, the fills ahead of it) made progress within this time;
+    a fill that failed, or stalled this long, has the request passed through instead. A
+    LIST page or a batch of WatchList events arrives in well under a second from a healthy
+    apiserver, so a minute of silence means trouble, not a big collection."""
     unused_after: float = 6 * 3600.0
     """Learned shapes no client used for this long are dropped, so upstream watches stay
     bounded. Long enough to survive a controller's restart loop or a slow rollout."""
+    backoff: BackoffSettings = field(default_factory=BackoffSettings)
+    """Retry delays of each reflector, and of its supervisor between restarts."""
     maintenance_interval: float = 60.0
     """How often log retention, unused-shape dropping and size metrics run."""
 
@@ -86,6 +102,15 @@ class Syncer:
             await self.store.save_usage()
 
     def _run(self, shape: Shape) -> None:
+        # The first reflector exists before the task runs: a client may wait for it at once.
+        first = self._reflector(shape)
+        task = asyncio.create_task(
+            self._supervise(shape, first), name=f"reflector {shape.key.identity}"
+        )
+        self._tasks[shape.key] = task
+        task.add_done_callback(functools.partial(self._ended, shape.key))
+
+    def _reflector(self, shape: Shape) -> Reflector:
         reflector = Reflector(
             shape=shape,
             store=self.store,
@@ -93,17 +118,40 @@ class Syncer:
             settings=self.reflector_settings,
             limiter=self.limiter,
             breaker=self.breaker,
-            backoff=Backoff(),
+            backoff=Backoff(self.settings.backoff),
             metrics=self.metrics,
         )
         self.reflectors[shape.key] = reflector
-        task = asyncio.create_task(reflector.run(), name=f"reflector {shape.key.identity}")
-        self._tasks[shape.key] = task
-        task.add_done_callback(functools.partial(self._ended, shape.key))
+        return reflector
+
+    async def _supervise(self, shape: Shape, reflector: Reflector) -> None:
+        """Run the shape's reflector; restart it, or drop the shape, as the module says."""
+        backoff = Backoff(self.settings.backoff)
+        while True:
+            reason: str
+            try:
+                ending = await reflector.run()
+            except Exception:
+                logger.exception("reflector %s failed; restarting it", shape.key)
+                reason = "failed"
+            else:
+                reason = ending.value
+                try:
+                    await self._forget(shape, reason=reason)
+                    if not shape.configured:
+                        return
+                    shape = await self.store.ensure_shape(shape.key, configured=True)
+                except Exception:
+                    logger.exception("cannot reset shape %s; retrying", shape.key)
+            self.metrics.reflector_restarts.labels(resource=shape.resource, reason=reason).inc()
+            await asyncio.sleep(backoff.next_delay())
+            reflector = self._reflector(shape)
 
     def _ended(self, key: ShapeKey, task: asyncio.Task[None]) -> None:
+        if self._tasks.get(key) is task:
+            del self._tasks[key]
         if not task.cancelled() and task.exception() is not None:
-            logger.error("reflector %s failed", key, exc_info=task.exception())
+            logger.error("supervisor of %s failed", key, exc_info=task.exception())
 
     # -- serving support ---------------------------------------------------------------------
 
@@ -127,30 +175,46 @@ class Syncer:
             self._run(shape)
         return shape
 
-    async def wait_filled(self, shape: Shape, *, timeout: float | None = None) -> bool:
-        """Wait for the shape's first list. False on timeout; a refusal by the apiserver
-        raises its UpstreamStatusError (and the shape is dropped: never cache what the
-        sidecar may not read)."""
-        try:
-            await asyncio.wait_for(
-                shape.filled.wait(), self.settings.fill_wait if timeout is None else timeout
-            )
-        except TimeoutError:
-            return False
-        reflector = self.reflectors.get(shape.key)
-        if reflector is not None and reflector.refused is not None:
-            await self.drop(shape)
-            raise reflector.refused.error
-        return shape.rv is not None
+    async def wait_filled(self, shape: Shape) -> bool:
+        """Wait for the shape's first list while the fill makes progress.
+
+        True once filled; False when the fill failed or stalled (see ``fill_stall``): pass the
+        request through. A refusal by the apiserver raises its UpstreamStatusError (the
+        supervisor drops the shape: never cache what the sidecar may not read)."""
+        while shape.rv is None:
+            reflector = self.reflectors.get(shape.key)
+            if reflector is None or self.store.shapes.get(shape.key) is not shape:
+                return False  # dropped meanwhile
+            fill = reflector.fill
+            if fill.state is FillState.REFUSED:
+                assert fill.refusal is not None
+                raise fill.refusal
+            if fill.state is FillState.BACKING_OFF:
+                return False
+            progressed = fill.progressed_at
+            if fill.state is FillState.QUEUED:
+                progressed = max(progressed, self.limiter.progressed_at)
+            remaining = progressed + self.settings.fill_stall - time.monotonic()
+            if remaining <= 0:
+                logger.warning("%s: fill made no progress for %.0fs", shape.key, -remaining)
+                return False
+            await fill.changed(timeout=min(remaining, 1.0))
+        return True
 
     async def drop(self, shape: Shape) -> None:
         task = self._tasks.pop(shape.key, None)
-        self.reflectors.pop(shape.key, None)
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-        if shape.key in self.store.shapes:
+        await self._forget(shape, reason="unused")
+
+    async def _forget(self, shape: Shape, *, reason: str) -> None:
+        """Drop the shape's data and close its log (open watches end)."""
+        if self.reflectors.get(shape.key) is not None:
+            del self.reflectors[shape.key]
+        if self.store.shapes.get(shape.key) is shape:
             await self.store.drop_shape(shape)
+            self.metrics.shapes_dropped.labels(resource=shape.resource, reason=reason).inc()
         self.metrics.forget_shape(resource=shape.resource, shape=shape.key.identity)
 
     def upstream_lists(self, key: ShapeKey) -> int:

@@ -213,7 +213,7 @@ async def test_list_limiter_counts_waiters() -> None:
     inside: list[int] = []
 
     async def lister(n: int) -> None:
-        async with limiter:
+        async with limiter.slot():
             inside.append(n)
             await release.wait()
 
@@ -232,20 +232,46 @@ async def test_list_limiter_counts_waiters() -> None:
 
 async def test_list_limiter_cancelled_waiter_is_not_counted() -> None:
     limiter = ListLimiter(ListLimiterSettings(concurrent_lists=1))
-    await limiter.acquire()
-    waiter = asyncio.create_task(limiter.acquire(), name="waiter")
-    await asyncio.sleep(0)
-    assert limiter.waiting == 1
-    waiter.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await waiter
-    assert limiter.waiting == 0
-    limiter.release()
+    async with limiter.slot():
+        waiter = asyncio.create_task(limiter.slot().__aenter__(), name="waiter")
+        await asyncio.sleep(0)
+        assert limiter.waiting == 1
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert limiter.waiting == 0
     assert limiter.active == 0
-    with pytest.raises(RuntimeError):
-        limiter.release()
-    async with limiter:
+    async with limiter.slot():
         assert limiter.active == 1
+
+
+async def test_a_slot_given_back_early_admits_the_next_lister_once() -> None:
+    """A WatchList fill releases its slot when its initial events are in; its watch goes on
+    without one, and leaving the block later does not release a second time."""
+    clock = Clock()
+    limiter = ListLimiter(ListLimiterSettings(concurrent_lists=1), clock=clock)
+    async with limiter.slot() as slot:
+        clock.advance(5)
+        slot.progress()
+        assert limiter.progressed_at == 1005
+        queued = asyncio.create_task(_hold(limiter), name="queued")
+        await asyncio.sleep(0)
+        assert limiter.waiting == 1
+        slot.release()
+        assert not slot.held
+        await asyncio.sleep(0)
+        assert limiter.active == 1 and limiter.waiting == 0  # the queued lister got it
+        slot.release()  # idempotent
+        assert limiter.active == 1
+    assert limiter.active == 1  # leaving the released block gave nothing back twice
+    queued.cancel()
+    await asyncio.gather(queued, return_exceptions=True)
+    assert limiter.active == 0
+
+
+async def _hold(limiter: ListLimiter) -> None:
+    async with limiter.slot():
+        await asyncio.Event().wait()
 
 
 def test_list_limiter_rejects_zero() -> None:

@@ -1,0 +1,336 @@
+"""The syncer against an in-process apiserver that answers WatchList and then keeps each
+watch open, as the real one does: many shapes fill at once without starving, two clients
+asking for one new shape get one shape, a failed reflector is restarted, and a shape whose
+access is revoked upstream stops being served.
+
+The real controllers (kube-controller-manager's dozen informers) are end-to-end tests; these
+pin down the mechanisms in milliseconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from aiohttp import web
+
+from proxy.cache.shapes import ShapeKey
+from proxy.cache.store import Store, StoreSettings
+from proxy.kube.resources import GroupVersionResource
+from proxy.metrics import Metrics
+from proxy.upstream.connecting import ConnectionSettings, connect
+from proxy.upstream.reflecting import Reflector, ReflectorSettings
+from proxy.upstream.resilience import (
+    BackoffSettings,
+    CircuitBreaker,
+    ListLimiter,
+    ListLimiterSettings,
+)
+from proxy.upstream.syncing import Syncer, SyncSettings
+from tests.unit.upstream.conftest import token_kubeconfig
+
+CONFIGMAPS = GroupVersionResource.parse("v1/configmaps")
+
+
+def key(namespace: str) -> ShapeKey:
+    return ShapeKey.of(CONFIGMAPS, namespace=namespace)
+
+
+def cm(namespace: str, name: str, rv: int) -> dict[str, Any]:
+    return {
+        "kind": "ConfigMap",
+        "apiVersion": "v1",
+        "metadata": {"name": name, "namespace": namespace, "resourceVersion": str(rv)},
+    }
+
+
+def status(code: int) -> dict[str, Any]:
+    reason = {403: "Forbidden", 404: "NotFound"}.get(code, "InternalError")
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": reason,
+        "reason": reason,
+        "code": code,
+    }
+
+
+@dataclass
+class Apiserver:
+    """WatchList: three objects, a pause (so fills overlap), the initial-events-end bookmark,
+    then the watch stays open and streams what a test pushes. ``denied[ns]`` answers that
+    code to every later request for the namespace and ends its open watches."""
+
+    initial_delay: float = 0.05
+    rv: int = 100
+    denied: dict[str, int] = field(default_factory=dict)
+    initial_now: int = 0
+    initial_max: int = 0
+    lists: list[str] = field(default_factory=list)
+    resumes: int = 0
+    """Watches from an RV (not WatchList)."""
+    queues: dict[str, list[asyncio.Queue[dict[str, Any] | None]]] = field(
+        default_factory=lambda: defaultdict(list)
+    )
+
+    def push(self, namespace: str, event: dict[str, Any]) -> None:
+        for queue in self.queues[namespace]:
+            queue.put_nowait(event)
+
+    def deny(self, namespace: str, code: int) -> None:
+        self.denied[namespace] = code
+        for queue in self.queues[namespace]:
+            queue.put_nowait(None)
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        namespace = request.match_info["namespace"]
+        if namespace in self.denied:
+            code = self.denied[namespace]
+            return web.json_response(status(code), status=code)
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        self.queues[namespace].append(queue)
+        try:
+            await response.prepare(request)
+            if "sendInitialEvents" not in request.query:
+                self.resumes += 1
+            else:
+                self.lists.append(namespace)
+                self.initial_now += 1
+                self.initial_max = max(self.initial_max, self.initial_now)
+                try:
+                    for i in range(3):
+                        event = {"type": "ADDED", "object": cm(namespace, f"o{i}", self.rv - i)}
+                        await response.write(orjson.dumps(event) + b"\n")
+                    await asyncio.sleep(self.initial_delay)
+                finally:
+                    self.initial_now -= 1
+                bookmark = {
+                    "kind": "ConfigMap",
+                    "apiVersion": "v1",
+                    "metadata": {
+                        "resourceVersion": str(self.rv),
+                        "annotations": {"k8s.io/initial-events-end": "true"},
+                    },
+                }
+                await response.write(
+                    orjson.dumps({"type": "BOOKMARK", "object": bookmark}) + b"\n"
+                )
+            while request.transport is not None and not request.transport.is_closing():
+                try:
+                    event = await asyncio.wait_for(queue.get(), 0.05)
+                except TimeoutError:
+                    continue
+                if event is None:
+                    break
+                await response.write(orjson.dumps(event) + b"\n")
+        finally:
+            self.queues[namespace].remove(queue)
+        return response
+
+
+FAST = BackoffSettings(initial=0.02, cap=0.05, jitter=0.0)
+
+
+@pytest.fixture
+async def world(tmp_path: Path) -> AsyncIterator[tuple[Apiserver, Store, Metrics, Any]]:
+    """The fake apiserver, a store, metrics, and ``make(limit=...)`` for a started Syncer."""
+    apiserver = Apiserver()
+    app = web.Application()
+    app.router.add_get("/api/v1/namespaces/{namespace}/configmaps", apiserver.handle)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    metrics = Metrics()
+    kubeconfig = token_kubeconfig(tmp_path / "kc", server=f"http://127.0.0.1:{port}", token="t")
+    upstream = await connect(ConnectionSettings(kubeconfig=str(kubeconfig)), metrics=metrics)
+    store = await Store.open(StoreSettings(path=tmp_path / "cache.db"), metrics=metrics)
+    syncers: list[Syncer] = []
+
+    async def make(*, limit: int = 3, configured: tuple[ShapeKey, ...] = ()) -> Syncer:
+        syncer = Syncer(
+            store=store,
+            upstream=upstream,
+            settings=SyncSettings(backoff=FAST, maintenance_interval=3600),
+            reflector_settings=ReflectorSettings(watch_timeout_min=60, watch_timeout_max=60),
+            limiter=ListLimiter(ListLimiterSettings(concurrent_lists=limit)),
+            breaker=CircuitBreaker(target="apiserver"),
+            metrics=metrics,
+        )
+        await syncer.start(configured)
+        syncers.append(syncer)
+        return syncer
+
+    yield apiserver, store, metrics, make
+    for syncer in syncers:
+        await syncer.stop()
+    for queues in apiserver.queues.values():
+        for queue in queues:
+            queue.put_nowait(None)
+    await store.close()
+    await upstream.close()
+    await runner.cleanup()
+
+
+async def eventually(condition: Any, *, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)
+
+
+async def test_twenty_shapes_fill_concurrently_with_three_list_slots(world: Any) -> None:
+    """Each WatchList stays open as its shape's watch; only the initial-events phase holds a
+    slot, so every client is answered from the cache and none waits for a timeout."""
+    apiserver, store, _, make = world
+    syncer = await make(limit=3)
+
+    async def client(namespace: str) -> bool:
+        shape = await syncer.learn(key(namespace))
+        filled: bool = await syncer.wait_filled(shape)
+        return filled
+
+    started = time.monotonic()
+    answers = await asyncio.wait_for(
+        asyncio.gather(*(client(f"n{i}") for i in range(20))), timeout=10
+    )
+    assert answers == [True] * 20  # all filled, none passed through
+    assert apiserver.initial_max == 3  # the limit held, and was used
+    assert sorted(apiserver.lists) == sorted(f"n{i}" for i in range(20))  # one fill each
+    assert len(apiserver.queues) == 20 and all(len(q) == 1 for q in apiserver.queues.values())
+    # 20 fills of ~50 ms, three at a time: well under a second, not 20 x a timeout.
+    assert time.monotonic() - started < 5
+    assert all(store.shapes[key(f"n{i}")].rv == "100" for i in range(20))
+
+
+async def test_a_client_waits_for_a_queued_fill_while_the_queue_moves(world: Any) -> None:
+    """With one slot and slow fills, the last client waits longer than the stall bound
+    would allow for one fill alone; it is not passed through, because fills progress."""
+    apiserver, _, _, make = world
+    apiserver.initial_delay = 0.3
+    syncer = await make(limit=1)
+    object.__setattr__(syncer.settings, "fill_stall", 0.5)  # frozen dataclass, test only
+    shapes = [await syncer.learn(key(f"q{i}")) for i in range(4)]
+    answers = await asyncio.gather(*(syncer.wait_filled(s) for s in shapes))
+    assert answers == [True] * 4
+
+
+async def test_two_clients_learning_the_same_shape_get_one_shape(world: Any) -> None:
+    _, store, _, make = world
+    syncer = await make()
+    first, second = await asyncio.gather(syncer.learn(key("same")), syncer.learn(key("same")))
+    assert first is second
+    assert [s.key for s in store.shapes.values()] == [key("same")]
+    assert await syncer.wait_filled(first)
+
+
+async def test_store_creates_a_shape_once_under_concurrent_calls(tmp_path: Path) -> None:
+    store = await Store.open(StoreSettings(path=tmp_path / "c.db"))
+    try:
+        shapes = await asyncio.gather(
+            *(store.ensure_shape(key("race"), configured=False) for _ in range(5))
+        )
+        assert len({id(s) for s in shapes}) == 1
+    finally:
+        await store.close()
+
+
+async def test_a_refused_learned_shape_is_dropped_and_its_client_told(world: Any) -> None:
+    apiserver, store, metrics, make = world
+    apiserver.denied["secret"] = 403
+    syncer = await make()
+    shape = await syncer.learn(key("secret"))
+    try:
+        filled = await syncer.wait_filled(shape)
+    except Exception as error:  # the refusal itself, when the client saw it first
+        assert getattr(error, "code", None) == 403
+    else:
+        assert filled is False  # or: already dropped, pass through
+    await eventually(lambda: key("secret") not in store.shapes)
+    assert metrics.value(
+        "warmwatch_shapes_dropped_total", {"resource": "v1/configmaps", "reason": "refused"}
+    )
+
+
+async def test_a_failed_reflector_is_restarted_and_counted(
+    world: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    apiserver, store, metrics, make = world
+    original = Reflector._apply_lines
+    failures = [RuntimeError("a bug")]
+
+    async def flaky(self: Reflector, lines: list[bytes]) -> None:
+        if failures:
+            raise failures.pop()
+        await original(self, lines)
+
+    monkeypatch.setattr(Reflector, "_apply_lines", flaky)
+    syncer = await make()
+    shape = await syncer.learn(key("flaky"))
+    assert await syncer.wait_filled(shape)
+    await eventually(lambda: len(apiserver.queues["flaky"]) == 1)
+    apiserver.push("flaky", {"type": "ADDED", "object": cm("flaky", "late", 101)})
+    await eventually(
+        lambda: (
+            metrics.value(
+                "warmwatch_reflector_restarts_total",
+                {"resource": "v1/configmaps", "reason": "failed"},
+            )
+            == 1
+        )
+    )
+    # The restarted reflector resumes from the committed RV and follows again.
+    await eventually(lambda: apiserver.resumes == 1 and len(apiserver.queues["flaky"]) == 1)
+    apiserver.push("flaky", {"type": "ADDED", "object": cm("flaky", "later", 102)})
+    await eventually(lambda: store.shapes[key("flaky")].rv == "102")
+    assert not failures
+
+
+@pytest.mark.parametrize("code", [403, 404])
+async def test_revoked_access_drops_a_filled_shape_and_ends_its_watches(
+    world: Any, code: int
+) -> None:
+    apiserver, store, metrics, make = world
+    syncer = await make()
+    shape = await syncer.learn(key("revoked"))
+    assert await syncer.wait_filled(shape)
+    await eventually(lambda: len(apiserver.queues["revoked"]) == 1)
+    apiserver.deny("revoked", code)
+    await eventually(lambda: key("revoked") not in store.shapes)
+    assert shape.log.closed  # open watches end; clients then get the apiserver's answer
+    assert metrics.value(
+        "warmwatch_shapes_dropped_total", {"resource": "v1/configmaps", "reason": "revoked"}
+    )
+
+
+async def test_a_revoked_configured_shape_starts_over_and_refills(world: Any) -> None:
+    apiserver, store, metrics, make = world
+    syncer = await make(configured=(key("conf"),))
+    await eventually(lambda: syncer.ready())
+    first = store.shapes[key("conf")]
+    await eventually(lambda: len(apiserver.queues["conf"]) == 1)
+    apiserver.deny("conf", 403)
+    await eventually(lambda: store.shapes.get(key("conf")) is not first)
+    assert first.log.closed
+    assert not syncer.ready()  # refused while access is missing: not serveable
+    del apiserver.denied["conf"]  # access granted again
+    await eventually(lambda: syncer.ready())
+    assert store.shapes[key("conf")].configured
+    assert (
+        metrics.value(
+            "warmwatch_reflector_restarts_total",
+            {"resource": "v1/configmaps", "reason": "revoked"},
+        )
+        == 1
+    )
