@@ -4,6 +4,8 @@
     python -m loadtest.cluster down --dir DIR         # stop everything, leave no process behind
     python -m loadtest.cluster stop-apiserver --dir DIR
     python -m loadtest.cluster start-apiserver --dir DIR
+    python -m loadtest.cluster stop-controller-manager --dir DIR    # pause the harness's own
+    python -m loadtest.cluster start-controller-manager --dir DIR   # ... and resume it
     python -m loadtest.cluster status --dir DIR
     python -m loadtest.cluster build                  # only build the binaries
     python -m loadtest.cluster gen-gomod              # regenerate loadtest/k8sbuild/go.mod
@@ -13,6 +15,9 @@
 whose processes stopped restarts them on the same data and ports. kube-controller-manager runs the
 few controllers objects need without nodes (service accounts and their tokens, namespace
 deletion, garbage collection), so Pods can be created (they stay Pending: there is no kubelet).
+Tests that run their own kube-controller-manager (tests/e2e/test_kube_controller_manager.py)
+pause the harness's with ``stop-controller-manager``: it stays stopped across
+``stop-apiserver``/``start-apiserver`` until ``start-controller-manager`` (or ``up``).
 """
 
 from __future__ import annotations
@@ -40,6 +45,10 @@ READY_TIMEOUT = 90.0
 STOP_TIMEOUT = 15.0
 """SIGTERM first, so etcd and the apiserver shut down cleanly; SIGKILL after this."""
 
+CONTROLLER_MANAGER_QPS = 200
+CONTROLLER_MANAGER_BURST = 400
+"""kube-controller-manager's --kube-api-qps/--kube-api-burst (also loadtest.controllers')."""
+
 ETCD_COMPACTION_INTERVAL = os.environ.get("WARMWATCH_ETCD_COMPACTION_INTERVAL", "5m")
 """The apiserver compacts etcd this often (its default); fault tests shorten it."""
 
@@ -64,6 +73,8 @@ class State:
     binaries: str
     full: bool
     pids: dict[str, int] = field(default_factory=dict)
+    controller_manager_paused: bool = False
+    """Set by ``stop_controller_manager``: ``start_apiserver`` leaves it stopped then."""
 
 
 class ControlPlane:
@@ -247,7 +258,11 @@ class ControlPlane:
         )
 
     def _start_controller_manager(self, state: State) -> None:
-        if not state.full or self._alive(state.pids.get("kube-controller-manager")):
+        if (
+            not state.full
+            or state.controller_manager_paused
+            or self._alive(state.pids.get("kube-controller-manager"))
+        ):
             return
         state.pids["kube-controller-manager"] = self._spawn(
             "kube-controller-manager",
@@ -260,8 +275,8 @@ class ControlPlane:
                 "--leader-elect=false",
                 "--bind-address=127.0.0.1",
                 "--secure-port=0",
-                "--kube-api-qps=200",
-                "--kube-api-burst=400",
+                f"--kube-api-qps={CONTROLLER_MANAGER_QPS}",
+                f"--kube-api-burst={CONTROLLER_MANAGER_BURST}",
                 "--v=1",
             ],
         )
@@ -300,6 +315,8 @@ class ControlPlane:
                 full=binaries.full,
             )
             self._save(state)
+        state.controller_manager_paused = False  # `up` brings every component up
+        self._save(state)
         pki.create(self.pki.directory)
         server = f"https://127.0.0.1:{state.apiserver_port}"
         pki.write_kubeconfig(
@@ -331,6 +348,24 @@ class ControlPlane:
         state = self.state()
         self._start_apiserver(state)
         self._start_controller_manager(state)
+
+    def stop_controller_manager(self) -> None:
+        """Pause the harness's kube-controller-manager (a test runs its own): it stays stopped,
+        also across ``stop_apiserver``/``start_apiserver``, until ``start_controller_manager``
+        or ``up``."""
+        state = self.state()
+        state.controller_manager_paused = True
+        self._stop(state.pids.pop("kube-controller-manager", 0))
+        self._save(state)
+
+    def start_controller_manager(self) -> None:
+        """Resume the harness's kube-controller-manager (a no-op while it runs). While the
+        apiserver is stopped it only clears the pause: ``start_apiserver`` starts it."""
+        state = self.state()
+        state.controller_manager_paused = False
+        self._save(state)
+        if self._alive(state.pids.get("kube-apiserver")):
+            self._start_controller_manager(state)
 
     def down(self) -> None:
         if self.state_file.exists():
@@ -388,7 +423,15 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    for name in ("up", "down", "stop-apiserver", "start-apiserver", "status"):
+    for name in (
+        "up",
+        "down",
+        "stop-apiserver",
+        "start-apiserver",
+        "stop-controller-manager",
+        "start-controller-manager",
+        "status",
+    ):
         commands.add_parser(name).add_argument("--dir", required=True, type=Path)
     commands.add_parser("build")
     commands.add_parser("gen-gomod")
@@ -409,6 +452,10 @@ def main(argv: list[str] | None = None) -> int:
         plane.stop_apiserver()
     elif args.command == "start-apiserver":
         plane.start_apiserver()
+    elif args.command == "stop-controller-manager":
+        plane.stop_controller_manager()
+    elif args.command == "start-controller-manager":
+        plane.start_controller_manager()
     elif args.command == "status":
         print(json.dumps(plane.status()))
     return 0

@@ -23,19 +23,21 @@ from loadtest.building import cache_root
 SOURCE = Path(__file__).resolve().parents[1] / "tests" / "goclient"
 
 
-def build() -> Path:
+def build(source: Path = SOURCE, name: str = "goclient") -> Path:
+    """Build the Go program in ``source`` (its own module) once per content of its sources:
+    cached as ``<cache_root>/<name>-<hash>/<name>``. Also builds tests/crmanager."""
     digest = hashlib.sha256()
-    for path in sorted(SOURCE.rglob("*")):
+    for path in sorted(source.rglob("*")):
         if path.is_file() and path.suffix in {".go", ".mod", ".sum"}:
-            digest.update(path.relative_to(SOURCE).as_posix().encode())
+            digest.update(path.relative_to(source).as_posix().encode())
             digest.update(path.read_bytes())
-    binary = cache_root() / f"goclient-{digest.hexdigest()[:16]}" / "goclient"
+    binary = cache_root() / f"{name}-{digest.hexdigest()[:16]}" / name
     if not binary.exists():
         binary.parent.mkdir(parents=True, exist_ok=True)
-        partial = binary.with_name("goclient.partial")
+        partial = binary.with_name(f"{name}.partial")
         subprocess.run(
             ["go", "build", "-trimpath", "-o", str(partial), "."],
-            cwd=SOURCE,
+            cwd=source,
             check=True,
             env=os.environ | {"CGO_ENABLED": "0"},
         )
