@@ -129,6 +129,8 @@ class App:
             settings=settings.serve,
             credentials="sidecar" if settings.client_auth.mode == "none" else "client",
             learn=settings.sync.learn,
+            breaker=breaker,
+            ready=self.ready,
         )
         await self._serve(routing.api_app(ctx, auth=settings.client_auth), settings.listen)
         await self._serve(

@@ -469,9 +469,11 @@ class StatusError(Exception):
         return cls(code=code, reason=Reason.UNKNOWN, message=message)
 
     @classmethod
-    def service_unavailable(cls, message: str) -> StatusError:
-        """503 ServiceUnavailable (``NewServiceUnavailable``)."""
-        return cls(code=503, reason=Reason.SERVICE_UNAVAILABLE, message=message)
+    def service_unavailable(cls, message: str, *, retry_after_seconds: int = 0) -> StatusError:
+        """503 ServiceUnavailable (``NewServiceUnavailable``); with ``retry_after_seconds``
+        also ``Retry-After``, which makes client-go retry the request itself."""
+        details = Details(retry_after_seconds=retry_after_seconds) if retry_after_seconds else None
+        return cls(code=503, reason=Reason.SERVICE_UNAVAILABLE, message=message, details=details)
 
     @classmethod
     def timeout(

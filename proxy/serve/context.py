@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from proxy.cache.store import Store
 from proxy.metrics import Metrics
 from proxy.upstream.connecting import Credentials, Upstream
 from proxy.upstream.passing import DiscoveryCache
+from proxy.upstream.resilience import CircuitBreaker
 from proxy.upstream.syncing import Syncer
 
 
@@ -43,3 +45,7 @@ class Context:
     """How passthrough authenticates upstream: as the sidecar, or with the client's own
     credentials (the authenticated modes)."""
     learn: bool
+    breaker: CircuitBreaker
+    """Open: the apiserver counts as unreachable, passthrough fails (or falls back) at once."""
+    ready: Callable[[], tuple[bool, str]]
+    """warmwatch's own readiness (every configured shape serveable)."""

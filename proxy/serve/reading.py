@@ -22,8 +22,9 @@ from proxy.serve.context import Context
 from proxy.serve.listing import serve_list
 from proxy.serve.negotiating import Representation, negotiate
 from proxy.serve.watching import Watch
+from proxy.upstream import passing
 from proxy.upstream.errors import UpstreamStatusError
-from proxy.upstream.passing import pass_through
+from proxy.upstream.passing import Offline
 
 logger = logging.getLogger(__name__)
 
@@ -38,11 +39,11 @@ async def read_collection(
     representation = negotiate(request.headers.get("Accept"), watch=options.is_watch)
     not_older_than: str | None = None
     if representation is Representation.PASS_THROUGH:
-        return await _pass(request, ctx)
+        return await pass_through(request, ctx)
     if not options.is_watch:
         semantics = list_semantics(options)
         if semantics.kind in (ListSemanticsKind.EXACT, ListSemanticsKind.CONTINUE):
-            return await _pass(request, ctx)
+            return await pass_through(request, ctx)
         if semantics.kind is ListSemanticsKind.NOT_OLDER_THAN:
             not_older_than = semantics.resource_version
 
@@ -56,7 +57,7 @@ async def read_collection(
     shape = ctx.syncer.find(wanted, namespaced=namespaced)
     if shape is None or shape.rv is None:
         if shape is None and not ctx.learn:
-            return await _pass(request, ctx)
+            return await pass_through(request, ctx)
         try:
             shape = shape or await ctx.syncer.learn(wanted.exact_key)
             filled = await ctx.syncer.wait_filled(shape)
@@ -65,10 +66,10 @@ async def read_collection(
             # goes to the apiserver, so it gets the apiserver's own answer to exactly it: a
             # 403/404 as the apiserver words it, or a list where only watching was refused.
             logger.info("%s refused upstream (%s); passing through", wanted.exact_key, refused)
-            return await _pass(request, ctx)
+            return await pass_through(request, ctx)
         if not filled:
             logger.info("%s: its fill failed or stalled; passing the request through", shape.key)
-            return await _pass(request, ctx)
+            return await pass_through(request, ctx)
     await ctx.store.touch(shape)
 
     view = Filter()
@@ -97,7 +98,15 @@ async def read_collection(
     )
 
 
-async def _pass(request: web.Request, ctx: Context) -> web.StreamResponse:
-    return await pass_through(
-        request, upstream=ctx.upstream, credentials=ctx.credentials, discovery=ctx.discovery
+async def pass_through(
+    request: web.Request, ctx: Context, *, offline: Offline | None = None
+) -> web.StreamResponse:
+    """The request, passed through to the apiserver with the context's settings."""
+    return await passing.pass_through(
+        request,
+        upstream=ctx.upstream,
+        credentials=ctx.credentials,
+        discovery=ctx.discovery,
+        breaker=ctx.breaker,
+        offline=offline,
     )

@@ -18,10 +18,10 @@ from proxy.kube.gocompat import valid_escapes
 from proxy.kube.resources import RequestPath
 from proxy.kube.status import StatusError
 from proxy.metrics import Metrics
-from proxy.serve import authenticating
+from proxy.serve import authenticating, health
 from proxy.serve.context import Context
-from proxy.serve.reading import read_collection
-from proxy.upstream.passing import pass_through, status_response
+from proxy.serve.reading import pass_through, read_collection
+from proxy.upstream.passing import status_response
 
 logger = logging.getLogger(__name__)
 
@@ -72,12 +72,12 @@ async def statuses(request: web.Request, handler: Handler) -> web.StreamResponse
 async def handle(request: web.Request) -> web.StreamResponse:
     ctx = request.app[CONTEXT]
     if request.method == "GET":
+        if health.is_health_path(request.path):
+            return await pass_through(request, ctx, offline=health.offline_answer(ready=ctx.ready))
         path = RequestPath.parse(request.path)
         if path is not None and path.is_collection:
             return await read_collection(request, path=path, ctx=ctx)
-    return await pass_through(
-        request, upstream=ctx.upstream, credentials=ctx.credentials, discovery=ctx.discovery
-    )
+    return await pass_through(request, ctx)
 
 
 def api_app(ctx: Context, *, auth: authenticating.ClientAuth) -> web.Application:
@@ -99,16 +99,14 @@ def health_app(*, metrics: Metrics, ready: Callable[[], tuple[bool, str]]) -> we
         response.headers["Content-Type"] = metrics.content_type
         return response
 
-    async def alive(_: web.Request) -> web.Response:
-        return web.Response(text="ok")
-
-    async def readiness(_: web.Request) -> web.Response:
-        is_ready, detail = ready()
-        return web.Response(status=200 if is_ready else 503, text=detail)
+    async def probe(request: web.Request) -> web.Response:
+        return health.answer(
+            request, check=ready if request.path.startswith("/readyz") else health.alive
+        )
 
     app = web.Application()
     app.router.add_get("/metrics", exposition)
-    app.router.add_get("/healthz", alive)
-    app.router.add_get("/livez", alive)
-    app.router.add_get("/readyz", readiness)
+    for endpoint in health.ENDPOINTS:
+        app.router.add_get(endpoint, probe)
+        app.router.add_get(endpoint + "/{check:.+}", probe)
     return app

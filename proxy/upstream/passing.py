@@ -27,6 +27,12 @@ Protocol quirks handled here:
 - A failure after the response headers were sent cannot become a Status any more; the client
   connection is aborted so the truncation is visible (a clean end of a chunked body would
   pass a cut JSON document off as complete).
+- While the apiserver cannot be reached (no connection, or the circuit breaker is open: then
+  without even trying, so nothing waits for a connect timeout), the answer is at once a 503
+  ServiceUnavailable Status with ``Retry-After: 1``: client-go retries such a request within
+  its own timeout, and controllers requeue what still fails. Lease renewals and status
+  updates therefore fail fast while the apiserver is down. Discovery is then served from its
+  cache; a caller may give its own ``offline`` answer (the health endpoints do).
 - Only WebSocket upgrades are relayed. SPDY/3.1 upgrades (kubectl before 1.30/1.31) are
   answered 400; current kubectl negotiates WebSocket first. Other upgrades (curl's ``h2c``)
   are ignored and the request proceeds as HTTP/1.1.
@@ -39,9 +45,9 @@ import contextlib
 import logging
 import math
 import urllib.parse
-from collections.abc import AsyncIterator, Coroutine, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, TypeAlias
 
 import aiohttp
 from aiohttp import web
@@ -51,10 +57,12 @@ from proxy.kube.options import parse_bool
 from proxy.kube.status import StatusError
 from proxy.upstream.connecting import Credentials, Upstream
 from proxy.upstream.errors import UpstreamAuthError, UpstreamStatusError, UpstreamUnavailable
+from proxy.upstream.resilience import BreakerState, CircuitBreaker
 
 __all__ = [
     "CachedDocument",
     "DiscoveryCache",
+    "Offline",
     "PassthroughSettings",
     "discovery_key",
     "is_discovery_path",
@@ -238,7 +246,20 @@ def status_response(error: StatusError) -> web.Response:
 
 
 def _unavailable(error: UpstreamUnavailable) -> web.Response:
-    return status_response(StatusError.service_unavailable(str(error)))
+    return status_response(StatusError.service_unavailable(str(error), retry_after_seconds=1))
+
+
+Offline: TypeAlias = Callable[[web.Request, UpstreamUnavailable], Awaitable[web.StreamResponse]]
+"""A caller's own answer for when the apiserver cannot be reached."""
+
+
+def _check_reachable(breaker: CircuitBreaker | None) -> None:
+    """Fail at once while the breaker is open (reflectors found the apiserver unreachable)."""
+    if breaker is not None and breaker.state is BreakerState.OPEN:
+        raise UpstreamUnavailable(
+            f"the apiserver is unreachable (circuit breaker open; next probe in "
+            f"{breaker.retry_in():.0f}s)"
+        )
 
 
 # ------------------------------------------------------------------------- the handler
@@ -250,13 +271,17 @@ async def pass_through(
     upstream: Upstream,
     credentials: Credentials,
     discovery: DiscoveryCache | None = None,
+    breaker: CircuitBreaker | None = None,
+    offline: Offline | None = None,
     settings: PassthroughSettings | None = None,
 ) -> web.StreamResponse:
     """Answer ``request`` with the apiserver's answer (see the module docstring).
 
     ``discovery``: where discovery GETs are stored and, when the apiserver is unreachable,
-    served from; None disables that. If the apiserver cannot be reached and nothing is
-    cached, the answer is a 503 ServiceUnavailable Status.
+    served from; None disables that. ``breaker``: while it is open, the apiserver counts as
+    unreachable without a try. ``offline``: the answer when the apiserver is unreachable;
+    by default (and when nothing is cached) a 503 ServiceUnavailable Status with
+    ``Retry-After``.
     """
     settings = settings or PassthroughSettings()
     try:
@@ -265,6 +290,8 @@ async def pass_through(
             upstream=upstream,
             credentials=credentials,
             discovery=discovery,
+            breaker=breaker,
+            offline=offline,
             settings=settings,
         )
     except UpstreamAuthError as error:
@@ -281,6 +308,8 @@ async def _dispatch(
     upstream: Upstream,
     credentials: Credentials,
     discovery: DiscoveryCache | None,
+    breaker: CircuitBreaker | None,
+    offline: Offline | None,
     settings: PassthroughSettings,
 ) -> web.StreamResponse:
     verb = request.method.upper()
@@ -300,14 +329,21 @@ async def _dispatch(
     # not forwarded, and the request proceeds as HTTP/1.1.
     if discovery is not None and verb == "GET" and is_discovery_path(request.path):
         return await _discovery(
-            request, upstream=upstream, credentials=credentials, cache=discovery, settings=settings
+            request,
+            upstream=upstream,
+            credentials=credentials,
+            cache=discovery,
+            breaker=breaker,
+            settings=settings,
         )
     try:
         return await _forward(
-            request, upstream=upstream, credentials=credentials, settings=settings
+            request, upstream=upstream, credentials=credentials, breaker=breaker, settings=settings
         )
     except UpstreamUnavailable as error:
         _count(upstream, verb, "error")
+        if offline is not None:
+            return await offline(request, error)
         return _unavailable(error)
 
 
@@ -357,6 +393,7 @@ async def _forward(
     *,
     upstream: Upstream,
     credentials: Credentials,
+    breaker: CircuitBreaker | None,
     settings: PassthroughSettings,
     headers: CIMultiDict[str] | None = None,
     collector: _Collector | None = None,
@@ -367,6 +404,7 @@ async def _forward(
     later failures abort the client connection. With ``collector``, a 200 answer's headers
     and body are also kept there.
     """
+    _check_reachable(breaker)
     verb = request.method.upper()
     long_running = is_long_running(request)
     forwarded = headers if headers is not None else _forwarded_request_headers(request)
@@ -481,6 +519,7 @@ async def _discovery(
     upstream: Upstream,
     credentials: Credentials,
     cache: DiscoveryCache,
+    breaker: CircuitBreaker | None,
     settings: PassthroughSettings,
 ) -> web.StreamResponse:
     """Forward a discovery GET (with the client's If-None-Match) and store a 200 answer;
@@ -499,6 +538,7 @@ async def _discovery(
             request,
             upstream=upstream,
             credentials=credentials,
+            breaker=breaker,
             settings=settings,
             headers=headers,
             collector=collector,

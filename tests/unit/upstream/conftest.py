@@ -23,7 +23,8 @@ from aiohttp import web
 from loadtest import pki as pki_module
 from proxy.metrics import Metrics
 from proxy.upstream.connecting import ConnectionSettings, Upstream, connect
-from proxy.upstream.passing import CachedDocument, PassthroughSettings, pass_through
+from proxy.upstream.passing import CachedDocument, Offline, PassthroughSettings, pass_through
+from proxy.upstream.resilience import CircuitBreaker
 
 
 @dataclass
@@ -459,6 +460,8 @@ async def start_proxy(
     credentials: str,
     discovery: MemoryDiscoveryCache | None = None,
     settings: PassthroughSettings | None = None,
+    breaker: CircuitBreaker | None = None,
+    offline: Offline | None = None,
 ) -> Proxy:
     cache = discovery if discovery is not None else MemoryDiscoveryCache()
 
@@ -468,6 +471,8 @@ async def start_proxy(
             upstream=upstream,
             credentials=credentials,  # type: ignore[arg-type]
             discovery=cache,
+            breaker=breaker,
+            offline=offline,
             settings=settings,
         )
 

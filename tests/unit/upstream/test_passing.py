@@ -10,14 +10,17 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
+from aiohttp import web
 
 from proxy.metrics import Metrics
 from proxy.upstream.connecting import ConnectionSettings, Upstream, connect
+from proxy.upstream.errors import UpstreamUnavailable
 from proxy.upstream.passing import (
     discovery_key,
     is_discovery_path,
     is_long_running,
 )
+from proxy.upstream.resilience import CircuitBreaker
 from tests.unit.upstream.conftest import (
     FakeApiserver,
     MemoryDiscoveryCache,
@@ -481,6 +484,8 @@ async def test_unreachable_apiserver_gives_503_status(
             status = orjson.loads(await response.read())
         assert status["kind"] == "Status"
         assert status["reason"] == "ServiceUnavailable"
+        assert response.headers["Retry-After"] == "1"  # client-go retries it within its timeout
+        assert status["details"] == {"retryAfterSeconds": 1}
         assert (
             metrics.value("warmwatch_passthrough_requests_total", {"verb": method, "code": "error"})
             == 1
@@ -515,3 +520,49 @@ async def test_metrics_count_passthrough(
     assert (
         metrics.value("warmwatch_upstream_requests_total", {"verb": "DELETE", "code": "200"}) == 1
     )
+
+
+async def test_an_open_breaker_fails_writes_at_once_and_serves_discovery_from_cache(
+    upstream: Upstream, fake: FakeApiserver, session: aiohttp.ClientSession
+) -> None:
+    """While the reflectors found the apiserver unreachable, a Lease renewal or status update
+    must not wait for a connect timeout: it is answered 503 + Retry-After without a try."""
+    breaker = CircuitBreaker(target="apiserver")
+    proxy = await start_proxy(upstream, credentials="sidecar", breaker=breaker)
+    try:
+        async with session.get(f"{proxy.url}/version") as response:
+            assert response.status == 200  # closed: passed through, and cached
+            version = await response.read()
+        for _ in range(breaker.settings.failure_threshold):
+            breaker.record_failure()
+        seen = len(fake.seen)
+        started = asyncio.get_running_loop().time()
+        async with session.put(f"{proxy.url}/apis/coordination.k8s.io/v1/x", data=b"{}") as r:
+            assert r.status == 503
+            assert r.headers["Retry-After"] == "1"
+            assert "circuit breaker open" in orjson.loads(await r.read())["message"]
+        async with session.get(f"{proxy.url}/version") as response:
+            assert response.status == 200
+            assert await response.read() == version
+        assert len(fake.seen) == seen  # nothing was sent upstream
+        assert asyncio.get_running_loop().time() - started < 1
+    finally:
+        await proxy.served.stop()
+
+
+async def test_the_offline_answer_replaces_the_503(
+    apiserver: Served, upstream: Upstream, session: aiohttp.ClientSession
+) -> None:
+    async def offline(request: web.Request, error: UpstreamUnavailable) -> web.StreamResponse:
+        return web.Response(text=f"offline: {request.path}")
+
+    proxy = await start_proxy(upstream, credentials="sidecar", offline=offline)
+    try:
+        async with session.get(f"{proxy.url}/echo/x") as response:
+            assert response.status == 200 and await response.text() != "offline: /echo/x"
+        await apiserver.stop()
+        async with session.get(f"{proxy.url}/echo/x") as response:
+            assert response.status == 200
+            assert await response.text() == "offline: /echo/x"
+    finally:
+        await proxy.served.stop()
