@@ -17,6 +17,7 @@ from pathlib import Path
 import orjson
 from aiohttp import web
 
+from proxy.cache.freshness import RecentWrites
 from proxy.cache.shapes import ShapeKey
 from proxy.cache.store import Store, StoreSettings
 from proxy.kube.resources import ResourceFlag
@@ -131,6 +132,7 @@ class App:
             learn=settings.sync.learn,
             breaker=breaker,
             ready=self.ready,
+            writes=RecentWrites(),
         )
         await self._serve(routing.api_app(ctx, auth=settings.client_auth), settings.listen)
         await self._serve(

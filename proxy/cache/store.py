@@ -440,6 +440,23 @@ class Store:
                 raise StatusError.too_old_resource_version(requested=rv, oldest_resumable=start_rv)
             return int(low) - 1 if batch else int(high)
 
+    async def present(
+        self, shape: Shape, keys: Sequence[tuple[str, str]]
+    ) -> tuple[tuple[str, str], ...]:
+        """Which of ``keys`` (namespace, name) the shape's objects hold now."""
+        found: list[tuple[str, str]] = []
+        async with self._reader() as db:
+            for start in range(0, len(keys), 400):
+                chunk = keys[start : start + 400]
+                values = ",".join("(?, ?)" for _ in chunk)
+                cursor = await db.execute(
+                    f"SELECT namespace, name FROM objects WHERE shape_id = ? AND "
+                    f"(namespace, name) IN (VALUES {values})",
+                    (shape.id, *(part for key in chunk for part in key)),
+                )
+                found += [(str(ns), str(name)) for ns, name in await cursor.fetchall()]
+        return tuple(found)
+
     async def object_counts(self) -> dict[int, int]:
         """Objects cached per shape id."""
         async with self._reader() as db:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from proxy.cache.freshness import RecentWrites
 from proxy.cache.store import Store
 from proxy.metrics import Metrics
 from proxy.upstream.connecting import Credentials, Upstream
@@ -23,7 +24,8 @@ class ServeSettings:
     ``--min-request-timeout`` does, spreading reconnects out."""
     too_large_wait: float = 3.0
     """A read for an RV the cache has not reached waits this long before 504 (the apiserver
-    waits ~3 s for its watch cache)."""
+    waits ~3 s for its watch cache); a most-recent read that does not show a write made
+    through warmwatch waits this long before it is passed through."""
     slow_write_timeout: float = 30.0
     """A watcher whose socket has not accepted a write for this long is closed; it resumes from
     its last RV out of the log. One stuck client must not pin memory or a task forever."""
@@ -49,3 +51,5 @@ class Context:
     """Open: the apiserver counts as unreachable, passthrough fails (or falls back) at once."""
     ready: Callable[[], tuple[bool, str]]
     """warmwatch's own readiness (every configured shape serveable)."""
+    writes: RecentWrites
+    """Writes passed through, for read your writes (``proxy.serve.freshness``)."""

@@ -4,11 +4,13 @@ Order, as the apiserver's: decode and validate the query (400/422 Status), then 
 cache answers when the representation is one it can produce (JSON, metadata-only JSON), the
 semantics allow it (not ``Exact``, not a ``continue`` page) and a shape serves the request —
 an existing one, or one learned now. A learned shape whose first list the apiserver refuses
-is dropped, and the client gets the apiserver's own answer.
+is dropped, and the client gets the apiserver's own answer. A most-recent read (RV unset)
+first waits for the cache to show the writes made through warmwatch (``freshness``).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 
 from aiohttp import web
@@ -18,6 +20,7 @@ from proxy.cache.shapes import Request
 from proxy.kube.gocompat import parse_query
 from proxy.kube.options import ListOptions, ListSemanticsKind, list_semantics, watch_start
 from proxy.kube.resources import RequestPath
+from proxy.serve import freshness
 from proxy.serve.context import Context
 from proxy.serve.listing import serve_list
 from proxy.serve.negotiating import Representation, negotiate
@@ -40,12 +43,16 @@ async def read_collection(
     not_older_than: str | None = None
     if representation is Representation.PASS_THROUGH:
         return await pass_through(request, ctx)
-    if not options.is_watch:
+    start = watch_start(options) if options.is_watch else None
+    if start is None:
         semantics = list_semantics(options)
         if semantics.kind in (ListSemanticsKind.EXACT, ListSemanticsKind.CONTINUE):
             return await pass_through(request, ctx)
         if semantics.kind is ListSemanticsKind.NOT_OLDER_THAN:
             not_older_than = semantics.resource_version
+        most_recent = semantics.kind is ListSemanticsKind.MOST_RECENT
+    else:
+        most_recent = start.freshness is ListSemanticsKind.MOST_RECENT
 
     wanted = Request(
         gvr=path.gvr,
@@ -71,19 +78,21 @@ async def read_collection(
             logger.info("%s: its fill failed or stalled; passing the request through", shape.key)
             return await pass_through(request, ctx)
     await ctx.store.touch(shape)
+    if most_recent and not await freshness.caught_up(ctx, shape, namespace=path.namespace):
+        return await pass_through(request, ctx)  # read your writes: the apiserver has them
 
     view = Filter()
     if wanted.needs_filter(shape.key):
         view = Filter(
             namespace=path.namespace, labels=options.label_selector, fields=options.field_selector
         )
-    if options.is_watch:
+    if start is not None:
         watch = Watch(
             ctx=ctx,
             shape=shape,
             view=view,
             options=options,
-            start=watch_start(options),
+            start=start,
             representation=representation,
             request=request,
         )
@@ -109,4 +118,5 @@ async def pass_through(
         discovery=ctx.discovery,
         breaker=ctx.breaker,
         offline=offline,
+        observe=functools.partial(freshness.record_write, ctx.writes),
     )

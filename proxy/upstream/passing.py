@@ -64,6 +64,7 @@ __all__ = [
     "DiscoveryCache",
     "Offline",
     "PassthroughSettings",
+    "WriteObserver",
     "discovery_key",
     "is_discovery_path",
     "is_long_running",
@@ -117,6 +118,11 @@ class PassthroughSettings:
     """Discovery documents larger than this are passed through but not cached. The largest
     real one, ``/openapi/v2`` of a cluster with many CRDs, is tens of MiB; the limit bounds
     the memory a document held for storing may take."""
+
+    write_body_max: int = 4 * 2**20
+    """Answers to writes up to this size are kept for the write observer (read your writes
+    needs the written resourceVersion). An object is at most ~1.5 MiB (etcd's request
+    limit), so only answers that are not one object are larger."""
 
     client_check_interval: float = 1.0
     """How often a long-running passthrough checks that its client is still connected. aiohttp
@@ -252,6 +258,13 @@ def _unavailable(error: UpstreamUnavailable) -> web.Response:
 Offline: TypeAlias = Callable[[web.Request, UpstreamUnavailable], Awaitable[web.StreamResponse]]
 """A caller's own answer for when the apiserver cannot be reached."""
 
+WriteObserver: TypeAlias = Callable[[web.BaseRequest, CIMultiDict[str], bytes], None]
+"""Told of each successful write (POST, PUT, PATCH, DELETE answered 2xx) once its answer was
+passed on whole: the request, the answer's headers and its body as sent (still encoded when
+it has a Content-Encoding)."""
+
+_WRITE_METHODS: Final = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
 
 def _check_reachable(breaker: CircuitBreaker | None) -> None:
     """Fail at once while the breaker is open (reflectors found the apiserver unreachable)."""
@@ -273,6 +286,7 @@ async def pass_through(
     discovery: DiscoveryCache | None = None,
     breaker: CircuitBreaker | None = None,
     offline: Offline | None = None,
+    observe: WriteObserver | None = None,
     settings: PassthroughSettings | None = None,
 ) -> web.StreamResponse:
     """Answer ``request`` with the apiserver's answer (see the module docstring).
@@ -281,7 +295,7 @@ async def pass_through(
     served from; None disables that. ``breaker``: while it is open, the apiserver counts as
     unreachable without a try. ``offline``: the answer when the apiserver is unreachable;
     by default (and when nothing is cached) a 503 ServiceUnavailable Status with
-    ``Retry-After``.
+    ``Retry-After``. ``observe``: told of each successful write (see WriteObserver).
     """
     settings = settings or PassthroughSettings()
     try:
@@ -292,6 +306,7 @@ async def pass_through(
             discovery=discovery,
             breaker=breaker,
             offline=offline,
+            observe=observe,
             settings=settings,
         )
     except UpstreamAuthError as error:
@@ -310,6 +325,7 @@ async def _dispatch(
     discovery: DiscoveryCache | None,
     breaker: CircuitBreaker | None,
     offline: Offline | None,
+    observe: WriteObserver | None,
     settings: PassthroughSettings,
 ) -> web.StreamResponse:
     verb = request.method.upper()
@@ -336,15 +352,29 @@ async def _dispatch(
             breaker=breaker,
             settings=settings,
         )
+    collector = None
+    if observe is not None and verb in _WRITE_METHODS:
+        collector = _Collector(limit=settings.write_body_max)
     try:
-        return await _forward(
-            request, upstream=upstream, credentials=credentials, breaker=breaker, settings=settings
+        response = await _forward(
+            request,
+            upstream=upstream,
+            credentials=credentials,
+            breaker=breaker,
+            settings=settings,
+            collector=collector,
         )
     except UpstreamUnavailable as error:
         _count(upstream, verb, "error")
         if offline is not None:
             return await offline(request, error)
         return _unavailable(error)
+    if observe is not None and collector is not None and collector.complete:
+        try:
+            observe(request, CIMultiDict(collector.headers), collector.body)
+        except Exception:  # the client has its answer; an observer must not change it
+            logger.exception("Observing %s %s failed", verb, request.path)
+    return response
 
 
 def _count(upstream: Upstream, verb: str, code: int | str) -> None:
@@ -356,10 +386,12 @@ class _ClientGone(Exception):
 
 
 class _Collector:
-    """Keeps a copy of a 200 answer's body for the discovery cache, up to a limit."""
+    """Keeps a copy of a 2xx answer's body (for the discovery cache, or a write's observer),
+    up to a limit."""
 
     def __init__(self, *, limit: int) -> None:
         self.limit = limit
+        self.status = 0
         self.chunks: list[bytes] = []
         self.size = 0
         self.overflow = False
@@ -401,7 +433,7 @@ async def _forward(
     """Forward and stream the answer back.
 
     Raises :class:`UpstreamUnavailable` only while nothing has been sent to the client yet;
-    later failures abort the client connection. With ``collector``, a 200 answer's headers
+    later failures abort the client connection. With ``collector``, a 2xx answer's headers
     and body are also kept there.
     """
     _check_reachable(breaker)
@@ -429,7 +461,8 @@ async def _forward(
             kept = _forwarded_response_headers(upstream_response.headers)
             for name, value in kept:
                 response.headers.add(name, value)
-            if collector is not None and upstream_response.status == 200:
+            if collector is not None and 200 <= upstream_response.status < 300:
+                collector.status = upstream_response.status
                 collector.headers = kept
             else:
                 collector = None
@@ -552,7 +585,7 @@ async def _discovery(
         cached = _serve_cached(request, document)
         _count(upstream, "GET", cached.status)
         return cached
-    if collector.complete:
+    if collector.complete and collector.status == 200:
         etag = next((v for k, v in collector.headers if k.lower() == "etag"), None)
         document = CachedDocument(
             status=200,
