@@ -5,7 +5,7 @@ warmwatch while warmwatch is killed and restarted, the apiserver stops and start
 (warmwatch's resume gets 410, it relists and appends the diff) and clients stay away until their
 RV leaves warmwatch's log (they get 410 and relist). A reference client watching the apiserver
 directly records every change: the *reference history*. :func:`check` replays it and holds each
-client's observation log to the guarantees of DESIGN.md §5a; this module does no I/O except
+client's observation log to the guarantees of docs/design.md §5a; this module does no I/O except
 :func:`read_run`, which loads a recorded run (JSON lines, see :func:`parse_run`).
 
 Definitions used by the rules:
@@ -33,7 +33,7 @@ Definitions used by the rules:
   object, a client may receive any prefix of its expected events in the window followed by that
   one collapse event; objects created and deleted inside the window may not appear at all.
 
-The rules (DESIGN.md §5a wins over anything stricter):
+The rules (docs/design.md §5a wins over anything stricter):
 
 1. **ordered** — within a client's stream, across resumes and restarts, an event's RV is
    greater than the previous event's; it may equal it only for a DELETED at a relist RV (the

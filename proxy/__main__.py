@@ -1,4 +1,4 @@
-"""``warmwatch`` / ``python -m proxy``: the command line (DESIGN.md §7).
+"""``warmwatch`` / ``python -m proxy``: the command line (docs/design.md §7).
 
 Every flag can also be set by the environment variable ``WARMWATCH_<FLAG>`` (upper case,
 dashes as underscores); ``WARMWATCH_RESOURCE`` takes a comma-separated list.

@@ -29,7 +29,7 @@ class ShapeLog:
         self.closed = False
 
     def publish(self, *, last_seq: int, records: Sequence[EventRecord]) -> None:
-        """Called by the writer after commit, never before (DESIGN.md §3: no time travel).
+        """Called by the writer after commit, never before (docs/design.md §3: no time travel).
 
         ``records`` may be only the tail of what was committed; anything older than the ring
         is read back from the database by watchers that need it.

@@ -1,7 +1,7 @@
 """Shapes: which upstream collection watch holds what, and which one serves a request.
 
 A shape is ``(group, version, resource, namespace or all, labelSelector, fieldSelector)``
-(DESIGN.md §2). A request is served by the shape equal to it, or by a broader shape (same
+(docs/design.md §2). A request is served by the shape equal to it, or by a broader shape (same
 resource, all namespaces or the same namespace, no selectors) with local filtering by namespace,
 label selector and the generic ``metadata.name`` / ``metadata.namespace`` fields. Anything else
 needs its own exact shape, so that the apiserver does the filtering and the transitions.

@@ -403,7 +403,7 @@ class Store:
 
         Raises ``StatusError`` 410 when ``rv`` is older than the log, and ``TooNew`` when the
         cache has not reached ``rv`` yet. A client resuming from a relist RV is sent that
-        revision's synthesized events again (DESIGN.md §4).
+        revision's synthesized events again (docs/design.md §4).
         """
         assert shape.rv is not None and shape.log_start_rv is not None
         async with self._reader() as db:

@@ -1,6 +1,6 @@
 """The writer's transactions: plain synchronous functions over one ``sqlite3.Connection``.
 
-Each public function is one transaction and keeps the invariant of DESIGN.md §3: a shape's
+Each public function is one transaction and keeps the invariant of docs/design.md §3: a shape's
 objects, its events and its RV change together or not at all, so after any crash the cache is a
 consistent snapshot at an RV it had reached. They run on the single writer connection's thread
 (see ``store.Store``); tests call them directly on an in-memory database.
@@ -211,7 +211,7 @@ def finish_list(
     First list of a shape: the staged objects become its state and its log starts at ``rv``.
     Relist (after 410): the difference from the cached state is appended to the log as ordinary
     events — ADDED/MODIFIED in object-RV order, then DELETED for what vanished, stamped with the
-    relist RV — so watching clients lose nothing, deletes included (DESIGN.md §4).
+    relist RV — so watching clients lose nothing, deletes included (docs/design.md §4).
     """
     now = time.time()
     with connection:

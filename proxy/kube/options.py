@@ -22,7 +22,7 @@ Field *labels* (which fields a type supports) are not checked here: see
 ``FieldSelector.is_locally_servable``.
 
 :func:`list_semantics` and :func:`watch_start` then classify what a valid request asks for,
-per PROTOCOL.md's tables.
+per the apiserver's own rules (docs/design.md §5).
 """
 
 from __future__ import annotations
@@ -331,7 +331,7 @@ class ListSemantics:
 
 
 def list_semantics(options: ListOptions) -> ListSemantics:
-    """Classify a validated LIST (PROTOCOL.md "LIST semantics").
+    """Classify a validated LIST (docs/design.md §5).
 
     ============================  ===========  ===============  ===========================
     resourceVersionMatch          RV unset     RV "0"           RV N
@@ -408,7 +408,7 @@ def _freshness(rv: str | None) -> ListSemanticsKind:
 
 
 def watch_start(options: ListOptions) -> WatchStart:
-    """Classify a validated WATCH (PROTOCOL.md "WATCH semantics", apiserver watch cache).
+    """Classify a validated WATCH (docs/design.md §5, the apiserver's watch cache).
 
     ===================  ===========================  ==========================  ===========
     sendInitialEvents    RV unset                     RV "0"                      RV N

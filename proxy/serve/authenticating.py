@@ -1,4 +1,4 @@
-"""Local authentication and the Host check (DESIGN.md §6).
+"""Local authentication and the Host check (docs/design.md §6).
 
 - ``token-file:PATH``: the client must send ``Authorization: Bearer <the file's token>``; the
   file is re-read when it changes (service-account tokens rotate). Anything else: 401 Status.

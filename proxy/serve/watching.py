@@ -1,4 +1,4 @@
-"""WATCH from the cache (DESIGN.md §5, PROTOCOL.md "WATCH semantics").
+"""WATCH from the cache (docs/design.md §5).
 
 A watcher is a cursor into the shape's committed log: it starts from the state snapshot (RV
 unset/"0", WatchList) or from the log position of RV N, then reads whatever was committed after

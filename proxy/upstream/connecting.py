@@ -23,7 +23,7 @@ kubernetes_asyncio loaded at start only.
 
 Two sessions: the sidecar's own (with its client certificate, if any) and, created on first
 use, one without any client certificate for requests made with a client's own credentials,
-so that the sidecar's identity is never lent to a caller (see DESIGN.md §6).
+so that the sidecar's identity is never lent to a caller (see docs/design.md §6).
 """
 
 from __future__ import annotations

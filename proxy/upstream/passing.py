@@ -5,7 +5,7 @@ arrives), method, path, query and end-to-end headers are kept, WebSocket upgrade
 attach, port-forward) are relayed frame by frame, and discovery documents are cached so a
 controller can start while the apiserver is unreachable.
 
-Credentials (DESIGN.md §6):
+Credentials (docs/design.md §6):
 
 - ``"sidecar"``: the client's ``Authorization`` is dropped and the sidecar's own credentials
   are used, as ``kubectl proxy`` does;

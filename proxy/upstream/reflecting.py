@@ -1,4 +1,4 @@
-"""The reflector: keeps one shape in step with the apiserver (DESIGN.md §4).
+"""The reflector: keeps one shape in step with the apiserver (docs/design.md §4).
 
 - No RV yet: fill by WatchList (``sendInitialEvents=true``) where the apiserver supports it,
   else by paginated LIST, staging page by page (bounded memory) and making the result visible

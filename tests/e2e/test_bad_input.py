@@ -1,4 +1,4 @@
-"""Bad input, side by side: each row of PROTOCOL.md's validation table, as a LIST and as a
+"""Bad input, side by side: each row of the apiserver's ListOptions validation, as a LIST and as a
 WATCH where it applies, gets the same answer from warmwatch as from the apiserver (HTTP code,
 Status reason, message, details); and malformed HTTP never takes warmwatch down.
 """
@@ -140,7 +140,7 @@ async def test_invalid_request_gets_the_apiservers_answer(
 async def test_watchlist_without_bookmarks_is_accepted_like_the_apiserver(
     pair: SideBySide, namespace: str, admin_api: kubeapi.RawClient
 ) -> None:
-    """PROTOCOL.md lists ``sendInitialEvents`` without ``allowWatchBookmarks`` as 422; the
+    """A first reading of the protocol listed ``sendInitialEvents`` without ``allowWatchBookmarks`` as 422; the
     apiserver (1.37) accepts it and sends the initial state with no bookmark. So does
     warmwatch."""
     writer = Writer(admin_api, namespace)

@@ -2,7 +2,7 @@
 
 Five minutes of traffic while warmwatch is killed, the apiserver restarts and goes away, etcd is
 compacted and clients stay away until warmwatch's log has forgotten them; every client's
-observations are then held to DESIGN.md §5a by ``loadtest.checking``. The driver runs as a
+observations are then held to docs/design.md §5a by ``loadtest.checking``. The driver runs as a
 subprocess with its own control plane (in the test's temporary directory), which it stops at
 the end; the test stops it too should the driver itself be killed.
 

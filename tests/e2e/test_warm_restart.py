@@ -121,7 +121,7 @@ async def test_restart_while_apiserver_down_then_catch_up(
     returns, its fresh watch cache answers the resume with 410 (it does so to every client; its
     window starts at its own start), so warmwatch relists upstream once and appends the
     difference: the client receives every change it missed — creates and updates with their
-    RVs in order, deletes at the relist RV (DESIGN.md §5a, "Complete") — and no relist of its
+    RVs in order, deletes at the relist RV (docs/design.md §5a, "Complete") — and no relist of its
     own."""
     sidecar, shape, changes = await _cached_then_changed(
         watch_list=watch_list,

@@ -1,8 +1,8 @@
 """LIST and WATCH semantics, side by side: every request goes to warmwatch and to the real
-apiserver, and the answers are compared (PROTOCOL.md "LIST semantics", "WATCH semantics").
+apiserver, and the answers are compared.
 
 warmwatch caches ``v1/configmaps`` cluster-wide, so namespaced and selector requests are served
-by local filtering of that broader shape (DESIGN.md §2), with selector transitions computed by
+by local filtering of that broader shape (docs/design.md §2), with selector transitions computed by
 warmwatch rather than by the apiserver.
 """
 
@@ -674,7 +674,7 @@ async def test_list_limit_pages_like_the_apiserver_or_whole_from_the_cache(
 ) -> None:
     """``limit`` with RV N is an exact, paginated read: passed through, the same pages and
     tokens as the apiserver's. With RV unset warmwatch answers from the cache and ignores
-    ``limit`` (DESIGN.md §5, as the watch cache does for RV "0"): one whole answer, no
+    ``limit`` (docs/design.md §5, as the watch cache does for RV "0"): one whole answer, no
     ``continue``, holding what the apiserver's pages add up to."""
     for i in range(5):
         rv = await writer.create(f"cm-{i}")

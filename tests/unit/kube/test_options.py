@@ -254,7 +254,7 @@ def unsupported(value: str, supported: str) -> tuple[str, str, str]:
     return (NOT_SUPPORTED, f'Unsupported value: "{value}": {supported}', RVM)
 
 
-# (query, watch_path, causes) — PROTOCOL.md's 422 rows and the apiserver's full rule set
+# (query, watch_path, causes) — the 422 rows of the apiserver's full rule set
 VALIDATION_CASES = [
     # resourceVersionMatch without resourceVersion
     ("resourceVersionMatch=NotOlderThan", False, [forbidden(RVM, MSG_RVM_NEEDS_RV)]),
