@@ -23,6 +23,7 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 	cd tests/goclient && go vet ./... && go test ./...
+	cd tests/crmanager && go vet ./... && go test ./...
 
 unit: $(VENV)/.installed
 	$(PY) -m pytest tests/unit
