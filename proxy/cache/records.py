@@ -1,8 +1,13 @@
 """The values that move through the cache: upstream changes in, log events out.
 
 A :class:`Change` is one upstream watch event (or one listed object) reduced to what the store
-needs: the key, the RV, the labels for selector filtering and the object's JSON bytes exactly as
-they will be served. An :class:`EventRecord` is one committed entry of a shape's event log.
+needs: the key, the RV, the labels for selector filtering and the object's bytes exactly as they
+will be served — JSON, or for a protobuf shape the object's own protobuf message. An
+:class:`EventRecord` is one committed entry of a shape's event log.
+
+The two encodings are told apart by their first byte where that matters
+(:func:`with_resource_version`): a JSON object starts with ``{``; an object's protobuf
+message starts with the tag of its field 1, its ObjectMeta (``0x0a``).
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from proxy.kube import versions
+from proxy.kube import protobuf, versions
 
 
 class ChangeType(enum.StrEnum):
@@ -90,8 +95,25 @@ def change_from_object(
     )
 
 
+def change_from_protobuf(change_type: ChangeType, raw: bytes) -> Change:
+    """A Change for an object's own protobuf message (the ``raw`` of its envelope)."""
+    meta = protobuf.object_meta(raw)
+    return Change(
+        type=change_type,
+        rv=meta.resource_version,
+        namespace=meta.namespace,
+        name=meta.name,
+        uid=meta.uid,
+        labels=orjson.dumps(protobuf.labels_of(raw), option=orjson.OPT_SORT_KEYS),
+        raw=raw,
+    )
+
+
 def with_resource_version(raw: bytes, rv: str) -> bytes:
-    """``raw`` with ``metadata.resourceVersion`` replaced (DELETED events carry the deletion's RV)."""
+    """``raw`` with ``metadata.resourceVersion`` replaced (DELETED events carry the deletion's
+    RV), in the object's own encoding."""
+    if not raw.startswith(b"{"):
+        return protobuf.with_resource_version(raw, rv)
     obj = orjson.loads(raw)
     obj.setdefault("metadata", {})["resourceVersion"] = rv
     return orjson.dumps(obj)

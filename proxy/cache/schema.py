@@ -4,8 +4,9 @@ One database file holds every shape. Tables:
 
 - ``shapes``: one row per upstream collection watch: identity, the RV reached, the RV the event
   log starts at (a client can resume from any RV >= it), what kind of objects it holds.
-- ``objects``: current state per shape, keyed (shape, namespace, name); ``raw`` is the object's
-  JSON exactly as it is served (``kind`` and ``apiVersion`` included).
+- ``objects``: current state per shape, keyed (shape, namespace, name); ``raw`` is the object
+  exactly as it is served: JSON (``kind`` and ``apiVersion`` included) for a ``json`` shape,
+  the object's own protobuf message (no envelope) for a ``protobuf`` shape.
 - ``events``: the append-only log per shape, ordered by ``seq``. ``rv_order`` is the RV as an
   integer where it is well-formed (KEP-5504), for resume look-ups. BOOKMARK rows are positions
   only (never sent as events). ``prev_labels`` / ``prev_raw`` describe the previous state where
@@ -21,7 +22,8 @@ from __future__ import annotations
 import sqlite3
 from typing import Final
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
+"""2: ``shapes.encoding`` (1 had JSON shapes only; migrated in place)."""
 
 PAGE_SIZE: Final = 16384
 """Rows are ~2-5 KB: 16 KiB pages keep several per page and overflow chains rare."""
@@ -47,6 +49,7 @@ CREATE TABLE IF NOT EXISTS shapes (
     namespace     TEXT NOT NULL,            -- '' = all namespaces / cluster-scoped
     label_selector TEXT NOT NULL,
     field_selector TEXT NOT NULL,
+    encoding      TEXT NOT NULL DEFAULT 'json', -- how objects are stored and served
     configured    INTEGER NOT NULL,         -- 1 = from --resource, never dropped for disuse
     kind          TEXT NOT NULL DEFAULT '',
     api_version   TEXT NOT NULL DEFAULT '',
@@ -142,6 +145,13 @@ def migrate(connection: sqlite3.Connection) -> None:
         raise SchemaError(f"not a warmwatch database (tables: {sorted(tables)})")
     if "meta" in tables:
         row = connection.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        if row is not None and row[0] == "1":
+            with connection:  # 1 -> 2: every existing shape is a JSON shape
+                connection.execute(
+                    "ALTER TABLE shapes ADD COLUMN encoding TEXT NOT NULL DEFAULT 'json'"
+                )
+                connection.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+            row = ("2",)
         if row is None or row[0] != str(SCHEMA_VERSION):
             found = row[0] if row else "none"
             raise SchemaError(f"schema version {found}; this build reads {SCHEMA_VERSION}")

@@ -9,11 +9,26 @@ needs its own exact shape, so that the apiserver does the filtering and the tran
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from proxy.kube.resources import GroupVersionResource
 from proxy.kube.selectors import FieldSelector, LabelSelector
+
+
+class Encoding(enum.StrEnum):
+    """How a shape's objects are listed and watched upstream, stored, and served.
+
+    A protobuf client (kube-controller-manager, typed client-go controllers) decodes protobuf
+    several times faster than JSON, so it is served by a protobuf shape; JSON clients by a
+    JSON shape. Objects cannot be converted between the two without the types' schemas, so
+    the encoding is part of the shape: a collection read by both kinds of client is watched
+    upstream twice (docs/design.md §2). Custom resources have no protobuf form: JSON only.
+    """
+
+    JSON = "json"
+    PROTOBUF = "protobuf"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -27,6 +42,7 @@ class ShapeKey:
     """'' = all namespaces (or a cluster-scoped resource)."""
     label_selector: str = ""
     field_selector: str = ""
+    encoding: Encoding = Encoding.JSON
 
     @classmethod
     def of(
@@ -36,6 +52,7 @@ class ShapeKey:
         namespace: str | None = None,
         label_selector: LabelSelector = LabelSelector.EVERYTHING,
         field_selector: FieldSelector = FieldSelector.EVERYTHING,
+        encoding: Encoding = Encoding.JSON,
     ) -> ShapeKey:
         return cls(
             group=gvr.group,
@@ -44,6 +61,7 @@ class ShapeKey:
             namespace=namespace or "",
             label_selector=label_selector.canonical,
             field_selector=field_selector.canonical,
+            encoding=encoding,
         )
 
     @property
@@ -65,6 +83,8 @@ class ShapeKey:
             text += f"?labelSelector={self.label_selector}"
         if self.field_selector:
             text += f"{'&' if self.label_selector else '?'}fieldSelector={self.field_selector}"
+        if self.encoding is not Encoding.JSON:
+            text += f";{self.encoding}"
         return text
 
     @property
@@ -84,6 +104,7 @@ class Request:
     namespace: str | None
     label_selector: LabelSelector
     field_selector: FieldSelector
+    encoding: Encoding = Encoding.JSON
 
     @property
     def exact_key(self) -> ShapeKey:
@@ -92,6 +113,7 @@ class Request:
             namespace=self.namespace,
             label_selector=self.label_selector,
             field_selector=self.field_selector,
+            encoding=self.encoding,
         )
 
     def locally_filterable(self, *, namespaced: bool | None) -> bool:
@@ -106,21 +128,19 @@ class Request:
 def choose(
     request: Request, shapes: Iterable[ShapeKey], *, namespaced: bool | None
 ) -> ShapeKey | None:
-    """The shape that serves ``request``: the exact one, else the narrowest broad one."""
+    """The shape that serves ``request``: the exact one, else the narrowest broad one, of the
+    request's encoding."""
     candidates = set(shapes)
     exact = request.exact_key
     if exact in candidates:
         return exact
     if not request.locally_filterable(namespaced=namespaced):
         return None
-    base = {
-        "group": request.gvr.group,
-        "version": request.gvr.version,
-        "resource": request.gvr.resource,
-    }
     if request.namespace:
-        in_namespace = ShapeKey(**base, namespace=request.namespace)
+        in_namespace = ShapeKey.of(
+            request.gvr, namespace=request.namespace, encoding=request.encoding
+        )
         if in_namespace in candidates:
             return in_namespace
-    everywhere = ShapeKey(**base)
+    everywhere = ShapeKey.of(request.gvr, encoding=request.encoding)
     return everywhere if everywhere in candidates else None

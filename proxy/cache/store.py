@@ -25,7 +25,7 @@ import orjson
 from proxy.cache import schema, writing
 from proxy.cache.broadcasting import RING_SIZE, ShapeLog
 from proxy.cache.records import Change, ChangeType, EventRecord, rv_order
-from proxy.cache.shapes import ShapeKey
+from proxy.cache.shapes import Encoding, ShapeKey
 from proxy.kube import versions
 from proxy.kube.status import StatusError
 from proxy.metrics import Metrics
@@ -70,16 +70,48 @@ class Shape:
         return self.key.gvr_label
 
 
+Row = tuple[str, str, bytes, bytes]
+"""(namespace, name, labels JSON, raw object)."""
+
+Head = tuple[str, str, bytes, int, bytes]
+"""(namespace, name, labels JSON, length of raw, the first bytes of raw): what sizing a
+protobuf list needs before it is streamed."""
+
+HEAD_BYTES = 11
+"""A tag byte and a varint of up to ten: the start of ObjectMeta's field."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Snapshot:
-    """One consistent read of a shape: its RV, the log position of that state, and rows."""
+    """One consistent read of a shape: its RV, the log position of that state, and its
+    objects, read as often as needed within the same read transaction."""
 
     rv: str
     last_seq: int
     kind: str
     api_version: str
-    rows: AsyncIterator[list[tuple[str, str, bytes, bytes]]]
-    """Batches of (namespace, name, labels JSON, raw object JSON), ordered by key."""
+    _db: aiosqlite.Connection
+    _where: str
+    _params: tuple[object, ...]
+    _batch: int
+
+    async def _scan(self, columns: str) -> AsyncIterator[list[Any]]:
+        cursor = await self._db.execute(
+            f"SELECT {columns} FROM objects WHERE {self._where} ORDER BY namespace, name",
+            self._params,
+        )
+        while chunk := await cursor.fetchmany(self._batch):
+            yield list(chunk)
+
+    @property
+    def rows(self) -> AsyncIterator[list[Row]]:
+        """Batches of rows, ordered by key."""
+        return self._scan("namespace, name, labels, raw")
+
+    @property
+    def heads(self) -> AsyncIterator[list[Head]]:
+        """The same rows' keys, labels and sizes, without their bodies."""
+        return self._scan(f"namespace, name, labels, length(raw), substr(raw, 1, {HEAD_BYTES})")
 
 
 async def _on_thread(db: aiosqlite.Connection, function: Callable[..., T], **kwargs: Any) -> T:
@@ -159,6 +191,7 @@ class Store:
             namespace,
             label_selector,
             field_selector,
+            encoding,
             configured,
             kind,
             api_version,
@@ -174,6 +207,7 @@ class Store:
             namespace=namespace,
             label_selector=label_selector,
             field_selector=field_selector,
+            encoding=Encoding(encoding),
         )
         shape = Shape(
             id=id_,
@@ -343,27 +377,17 @@ class Store:
                 raise StatusError.service_unavailable(
                     f"the cache of {shape.resource} is not filled yet"
                 )
-            params: tuple[object, ...]
-            if namespace:
-                query, params = (
-                    "SELECT namespace, name, labels, raw FROM objects "
-                    "WHERE shape_id = ? AND namespace = ? ORDER BY namespace, name",
-                    (shape.id, namespace),
-                )
-            else:
-                query, params = (
-                    "SELECT namespace, name, labels, raw FROM objects "
-                    "WHERE shape_id = ? ORDER BY namespace, name",
-                    (shape.id,),
-                )
-            objects = await db.execute(query, params)
-
-            async def rows() -> AsyncIterator[list[tuple[str, str, bytes, bytes]]]:
-                while chunk := await objects.fetchmany(batch):
-                    yield chunk  # type: ignore[misc]
-
+            where = "shape_id = ? AND namespace = ?" if namespace else "shape_id = ?"
+            params: tuple[object, ...] = (shape.id, namespace) if namespace else (shape.id,)
             yield Snapshot(
-                rv=row[0], last_seq=int(row[1]), kind=row[2], api_version=row[3], rows=rows()
+                rv=row[0],
+                last_seq=int(row[1]),
+                kind=row[2],
+                api_version=row[3],
+                _db=db,
+                _where=where,
+                _params=params,
+                _batch=batch,
             )
 
     async def read_events(self, shape: Shape, *, after: int, limit: int) -> list[EventRecord]:
@@ -499,7 +523,7 @@ class LogTrimmed(Exception):
 # -- small transactions (writer thread) ----------------------------------------------------
 
 _SHAPE_COLUMNS = (
-    "id, grp, version, resource, namespace, label_selector, field_selector, "
+    "id, grp, version, resource, namespace, label_selector, field_selector, encoding, "
     "configured, kind, api_version, rv, log_start_rv, last_seq, used_at"
 )
 
@@ -522,7 +546,8 @@ def _insert_shape(
     with connection:
         connection.execute(
             "INSERT INTO shapes (key, grp, version, resource, namespace, label_selector, "
-            "field_selector, configured, created_at, used_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
+            "field_selector, encoding, configured, created_at, used_at) "
+            "VALUES (?,?,?,?,?,?,?,?,?,?,?)",
             (
                 key.identity,
                 key.group,
@@ -531,6 +556,7 @@ def _insert_shape(
                 key.namespace,
                 key.label_selector,
                 key.field_selector,
+                str(key.encoding),
                 int(configured),
                 now,
                 now,

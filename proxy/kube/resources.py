@@ -89,6 +89,13 @@ class GroupVersionResource:
         """``/api/v1`` for the core group, ``/apis/GROUP/VERSION`` otherwise."""
         return f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
 
+    @property
+    def may_have_protobuf(self) -> bool:
+        """Kubernetes' own groups (core, groups without a dot, ``*.k8s.io``) serve protobuf;
+        custom resources never do. A CRD in a ``*.k8s.io`` group (Gateway API) is found out
+        when the apiserver answers a protobuf request in JSON."""
+        return "." not in self.group or self.group.endswith(".k8s.io")
+
     def collection_path(self, *, namespace: str | None = None) -> str:
         """The collection URL path, namespaced when ``namespace`` is given."""
         if namespace:

@@ -1,23 +1,28 @@
 """LIST from the cache: one consistent snapshot, streamed as it is read.
 
 The list's ``metadata.resourceVersion`` is the RV of the snapshot. ``limit`` is ignored, as
-the apiserver's watch cache does for RV "0": the whole list, no ``continue``. A not-older-than
+the apiserver's watch cache does for RV "0": the whole list, no ``continue``. Items are the
+stored bytes, concatenated; nothing is decoded per request (metadata-only answers cut each
+object down to its metadata). A not-older-than
 RV the cache has not reached waits briefly, then gets 504 with ``Retry-After``.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from typing import Any
 
 from aiohttp import web
 
 from proxy.cache.filtering import Filter
-from proxy.cache.store import Shape
-from proxy.kube import versions
+from proxy.cache.shapes import Encoding
+from proxy.cache.store import Shape, Snapshot
+from proxy.kube import protobuf, versions
 from proxy.kube.status import StatusError
 from proxy.serve import rendering
 from proxy.serve.context import Context
-from proxy.serve.negotiating import Representation
+from proxy.serve.rendering import Renderer
 
 
 async def wait_for_rv(ctx: Context, shape: Shape, rv: str) -> None:
@@ -39,46 +44,93 @@ async def serve_list(
     ctx: Context,
     shape: Shape,
     view: Filter,
-    representation: Representation,
+    renderer: Renderer,
     not_older_than: str | None,
 ) -> web.StreamResponse:
     started = time.monotonic()
     if not_older_than is not None:
         await wait_for_rv(ctx, shape, not_older_than)
-    metadata_only = representation is Representation.METADATA
     async with ctx.store.snapshot(shape, namespace=view.namespace) as snapshot:
-        if metadata_only:
-            kind, api_version = "PartialObjectMetadataList", rendering.METADATA_API_VERSION
+        response = web.StreamResponse(
+            status=200, headers={"Content-Type": renderer.list_content_type}
+        )
+        if renderer.encoding is Encoding.PROTOBUF:
+            size = await _protobuf_list(request, response, snapshot, view, renderer)
         else:
-            kind, api_version = f"{snapshot.kind}List", snapshot.api_version
-        response = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
-        await response.prepare(request)
-        sent = 0
-        head = rendering.list_head(kind=kind, api_version=api_version, rv=snapshot.rv)
-        await response.write(head)
-        separator = b"["
-        async for rows in snapshot.rows:
-            items = [
-                rendering.partial_metadata(raw) if metadata_only else raw
-                for namespace, name, labels, raw in rows
-                if view.is_everything or view.admits(namespace=namespace, name=name, labels=labels)
-            ]
-            if items:
-                chunk = separator + b",".join(items)
-                separator = b","
-                sent += len(chunk)
-                await response.write(chunk)
-        if separator == b"[":
-            tail = rendering.NO_METADATA_ITEMS if metadata_only else rendering.NO_ITEMS
-        else:
-            tail = rendering.LIST_TAIL
-        await response.write(tail)
+            size = await _json_list(request, response, snapshot, view, renderer)
     await response.write_eof()
     resource = shape.resource
-    ctx.metrics.list_bytes.labels(resource=resource, source="cache").inc(
-        sent + len(head) + len(tail)
-    )
+    ctx.metrics.list_bytes.labels(resource=resource, source="cache").inc(size)
     ctx.metrics.list_duration.labels(resource=resource, source="cache").observe(
         time.monotonic() - started
     )
     return response
+
+
+def _admitted(view: Filter, rows: list[Any]) -> Iterator[Any]:
+    for row in rows:
+        if view.is_everything or view.admits(namespace=row[0], name=row[1], labels=row[2]):
+            yield row
+
+
+async def _json_list(
+    request: web.Request,
+    response: web.StreamResponse,
+    snapshot: Snapshot,
+    view: Filter,
+    renderer: Renderer,
+) -> int:
+    await response.prepare(request)
+    head = rendering.list_head(
+        kind=renderer.list_kind, api_version=renderer.object_api_version, rv=snapshot.rv
+    )
+    await response.write(head)
+    sent = len(head)
+    separator = b"["
+    async for rows in snapshot.rows:
+        items = [renderer.object(raw) for _, _, _, raw in _admitted(view, rows)]
+        if items:
+            chunk = separator + b",".join(items)
+            separator = b","
+            sent += len(chunk)
+            await response.write(chunk)
+    if separator == b"[":
+        tail = rendering.NO_METADATA_ITEMS if renderer.metadata_only else rendering.NO_ITEMS
+    else:
+        tail = rendering.LIST_TAIL
+    await response.write(tail)
+    return sent + len(tail)
+
+
+async def _protobuf_list(
+    request: web.Request,
+    response: web.StreamResponse,
+    snapshot: Snapshot,
+    view: Filter,
+    renderer: Renderer,
+) -> int:
+    """A protobuf list's envelope states its length first: a sizing pass over the rows' heads,
+    then the rows, both in the snapshot's one read transaction (so they agree)."""
+    list_meta = protobuf.list_meta(resource_version=snapshot.rv)
+    total = len(list_meta)
+    async for heads in snapshot.heads:
+        for _, _, _, length, start in _admitted(view, heads):
+            total += renderer.list_item_size(length=length, head=bytes(start))
+    head = protobuf.envelope_head(
+        api_version=renderer.object_api_version, kind=renderer.list_kind, raw_length=total
+    )
+    response.content_length = len(head) + total + len(protobuf.ENVELOPE_TAIL)
+    await response.prepare(request)
+    await response.write(head + list_meta)
+    written = len(list_meta)
+    async for rows in snapshot.rows:
+        chunk = b"".join(
+            protobuf.list_item(renderer.object(raw)) for _, _, _, raw in _admitted(view, rows)
+        )
+        if chunk:
+            written += len(chunk)
+            await response.write(chunk)
+    if written != total:  # cannot happen: the same rows in the same transaction
+        raise RuntimeError(f"protobuf list sized {total} bytes, wrote {written}")
+    await response.write(protobuf.ENVELOPE_TAIL)
+    return len(head) + total + len(protobuf.ENVELOPE_TAIL)

@@ -1,7 +1,8 @@
 """Collection GETs: answer LIST / WATCH from the cache, or decide to pass them through.
 
 Order, as the apiserver's: decode and validate the query (400/422 Status), then choose. The
-cache answers when the representation is one it can produce (JSON, metadata-only JSON), the
+cache answers when the representation is one it can produce (JSON or protobuf, full objects or
+metadata only: ``negotiating``), the
 semantics allow it (not ``Exact``, not a ``continue`` page) and a shape serves the request —
 an existing one, or one learned now. A learned shape whose first list the apiserver refuses
 is dropped, and the client gets the apiserver's own answer. A most-recent read (RV unset)
@@ -10,13 +11,14 @@ first waits for the cache to show the writes made through warmwatch (``freshness
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 
 from aiohttp import web
 
 from proxy.cache.filtering import Filter
-from proxy.cache.shapes import Request
+from proxy.cache.shapes import Encoding, Request
 from proxy.kube.gocompat import parse_query
 from proxy.kube.options import ListOptions, ListSemanticsKind, list_semantics, watch_start
 from proxy.kube.resources import RequestPath
@@ -24,6 +26,7 @@ from proxy.serve import freshness
 from proxy.serve.context import Context
 from proxy.serve.listing import serve_list
 from proxy.serve.negotiating import Representation, negotiate
+from proxy.serve.rendering import Renderer
 from proxy.serve.watching import Watch
 from proxy.upstream import passing
 from proxy.upstream.errors import UpstreamStatusError
@@ -39,9 +42,11 @@ async def read_collection(
     # parameter with a bad escape is dropped rather than kept verbatim.
     query = parse_query(request.raw_path.partition("?")[2])
     options = ListOptions.parse(query, watch_path=path.is_watch_path)
-    representation = negotiate(request.headers.get("Accept"), watch=options.is_watch)
+    accept = request.headers.get("Accept")
+    protobuf_ok = path.gvr.may_have_protobuf and path.gvr not in ctx.syncer.without_protobuf
+    negotiated = negotiate(accept, watch=options.is_watch, protobuf_ok=protobuf_ok)
     not_older_than: str | None = None
-    if representation is Representation.PASS_THROUGH:
+    if negotiated.representation is Representation.PASS_THROUGH:
         return await pass_through(request, ctx)
     start = watch_start(options) if options.is_watch else None
     if start is None:
@@ -59,9 +64,16 @@ async def read_collection(
         namespace=path.namespace,
         label_selector=options.label_selector,
         field_selector=options.field_selector,
+        encoding=negotiated.encoding,
     )
     namespaced = True if path.namespace else None
     shape = ctx.syncer.find(wanted, namespaced=namespaced)
+    if shape is None and not ctx.learn and negotiated.encoding is Encoding.PROTOBUF:
+        # Not learning: a JSON shape serves a client that also accepts JSON.
+        as_json = negotiate(accept, watch=options.is_watch, protobuf_ok=False)
+        if as_json.representation is not Representation.PASS_THROUGH:
+            negotiated, wanted = as_json, dataclasses.replace(wanted, encoding=Encoding.JSON)
+            shape = ctx.syncer.find(wanted, namespaced=namespaced)
     if shape is None or shape.rv is None:
         if shape is None and not ctx.learn:
             return await pass_through(request, ctx)
@@ -81,6 +93,12 @@ async def read_collection(
     if most_recent and not await freshness.caught_up(ctx, shape, namespace=path.namespace):
         return await pass_through(request, ctx)  # read your writes: the apiserver has them
 
+    renderer = Renderer(
+        encoding=shape.key.encoding,
+        metadata_only=negotiated.representation is Representation.METADATA,
+        kind=shape.kind,
+        api_version=shape.api_version,
+    )
     view = Filter()
     if wanted.needs_filter(shape.key):
         view = Filter(
@@ -93,7 +111,7 @@ async def read_collection(
             view=view,
             options=options,
             start=start,
-            representation=representation,
+            renderer=renderer,
             request=request,
         )
         return await watch.serve()
@@ -102,7 +120,7 @@ async def read_collection(
         ctx=ctx,
         shape=shape,
         view=view,
-        representation=representation,
+        renderer=renderer,
         not_older_than=not_older_than,
     )
 

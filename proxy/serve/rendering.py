@@ -7,12 +7,16 @@ is ``{"kind":K,"apiVersion":V,"metadata":{"resourceVersion":RV},"items":[...]}\\
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from proxy.cache.records import ChangeType
+from proxy.cache.shapes import Encoding
+from proxy.kube import protobuf
 from proxy.kube.payloads import INITIAL_EVENTS_END_ANNOTATION
+from proxy.kube.status import StatusError
 
 METADATA_API_VERSION = "meta.k8s.io/v1"
 
@@ -64,3 +68,100 @@ def partial_metadata(raw: bytes) -> bytes:
             "metadata": obj.get("metadata", {}),
         }
     )
+
+
+# ---------------------------------------------------------------------------- per encoding
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Renderer:
+    """How one watch or list is written: its encoding, and full objects or metadata only.
+
+    ``kind`` / ``api_version`` are the shape's objects'; metadata-only answers use
+    ``PartialObjectMetadata`` of ``meta.k8s.io/v1`` instead. A protobuf object is stored as its
+    own message and enveloped here (prefix, ``runtime.Unknown``), as the apiserver writes it.
+    """
+
+    encoding: Encoding
+    metadata_only: bool
+    kind: str
+    api_version: str
+
+    @property
+    def object_kind(self) -> str:
+        return "PartialObjectMetadata" if self.metadata_only else self.kind
+
+    @property
+    def object_api_version(self) -> str:
+        return METADATA_API_VERSION if self.metadata_only else self.api_version
+
+    @property
+    def list_kind(self) -> str:
+        return f"{self.object_kind}List"
+
+    @property
+    def list_content_type(self) -> str:
+        return protobuf.MEDIA_TYPE if self.encoding is Encoding.PROTOBUF else "application/json"
+
+    @property
+    def watch_content_type(self) -> str:
+        if self.encoding is Encoding.PROTOBUF:
+            return f"{protobuf.MEDIA_TYPE};stream=watch"
+        return "application/json"
+
+    def object(self, raw: bytes) -> bytes:
+        """A stored object as served (its own message, for protobuf)."""
+        if not self.metadata_only:
+            return raw
+        if self.encoding is Encoding.PROTOBUF:
+            return protobuf.partial_object_metadata(raw)
+        return partial_metadata(raw)
+
+    def event(self, event_type: ChangeType | str, raw: bytes) -> bytes:
+        """One watch event for a stored object."""
+        if self.encoding is Encoding.JSON:
+            return watch_frame(event_type, self.object(raw))
+        return protobuf.watch_frame(
+            str(event_type),
+            protobuf.envelope(
+                api_version=self.object_api_version, kind=self.object_kind, raw=self.object(raw)
+            ),
+        )
+
+    def bookmark(self, *, rv: str, initial_events_end: bool = False) -> bytes:
+        if self.encoding is Encoding.JSON:
+            return bookmark(
+                kind=self.object_kind,
+                api_version=self.object_api_version,
+                rv=rv,
+                initial_events_end=initial_events_end,
+            )
+        annotations = {INITIAL_EVENTS_END_ANNOTATION: "true"} if initial_events_end else {}
+        message = protobuf.bookmark_object(resource_version=rv, annotations=annotations)
+        return protobuf.watch_frame(
+            ChangeType.BOOKMARK,
+            protobuf.envelope(
+                api_version=self.object_api_version, kind=self.object_kind, raw=message
+            ),
+        )
+
+    def error(self, error: StatusError) -> bytes:
+        """An ERROR event carrying the Status."""
+        if self.encoding is Encoding.JSON:
+            return watch_frame("ERROR", error.to_json())
+        message = protobuf.status(
+            status="Failure", message=error.message, reason=error.reason, code=error.code
+        )
+        return protobuf.watch_frame(
+            "ERROR", protobuf.envelope(api_version="v1", kind="Status", raw=message)
+        )
+
+    def list_item_size(self, *, length: int, head: bytes) -> int:
+        """The bytes a stored object of ``length`` (whose raw starts with ``head``) takes as
+        an item of a protobuf list: the sizing pass before a protobuf list is streamed."""
+        if self.metadata_only:
+            if not head.startswith(b"\x0a"):
+                raise ValueError("an object whose first field is not its ObjectMeta")
+            meta_length, _ = protobuf.read_varint(head, 1)
+            length = protobuf.delimited_size(meta_length)
+        return protobuf.delimited_size(length)

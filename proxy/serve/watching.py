@@ -25,10 +25,9 @@ from proxy.cache.records import ChangeType
 from proxy.cache.store import LogTrimmed, Shape, TooNew
 from proxy.kube.options import ListOptions, WatchStart, WatchStartKind
 from proxy.kube.status import StatusError
-from proxy.serve import rendering
 from proxy.serve.context import Context
 from proxy.serve.listing import wait_for_rv
-from proxy.serve.negotiating import Representation
+from proxy.serve.rendering import Renderer
 
 
 class SlowClient(Exception):
@@ -60,7 +59,7 @@ class Watch:
         view: Filter,
         options: ListOptions,
         start: WatchStart,
-        representation: Representation,
+        renderer: Renderer,
         request: web.Request,
     ) -> None:
         self.ctx = ctx
@@ -68,11 +67,14 @@ class Watch:
         self.view = view
         self.options = options
         self.start = start
-        self.metadata_only = representation is Representation.METADATA
+        self.renderer = renderer
         self.request = request
         self.response = web.StreamResponse(
             status=200,
-            headers={"Content-Type": "application/json", "Cache-Control": "no-cache, private"},
+            headers={
+                "Content-Type": renderer.watch_content_type,
+                "Cache-Control": "no-cache, private",
+            },
         )
         timeout: float
         if options.timeout_seconds is not None and options.timeout_seconds > 0:
@@ -83,8 +85,6 @@ class Watch:
         self.cursor = 0
         self.position_rv = ""
         """RV of the newest log entry this watcher has passed (sent or filtered out)."""
-        self.kind = shape.kind
-        self.api_version = shape.api_version
 
     # -- writing -----------------------------------------------------------------------------
 
@@ -94,25 +94,14 @@ class Watch:
         except TimeoutError:
             raise SlowClient from None
 
-    def _object(self, raw: bytes) -> bytes:
-        return rendering.partial_metadata(raw) if self.metadata_only else raw
-
     async def _bookmark(self, *, initial_events_end: bool = False) -> None:
-        kind, api_version = self.kind, self.api_version
-        if self.metadata_only:
-            kind, api_version = "PartialObjectMetadata", rendering.METADATA_API_VERSION
         await self._write(
-            rendering.bookmark(
-                kind=kind,
-                api_version=api_version,
-                rv=self.position_rv,
-                initial_events_end=initial_events_end,
-            )
+            self.renderer.bookmark(rv=self.position_rv, initial_events_end=initial_events_end)
         )
 
     async def _error(self, error: StatusError) -> None:
         with contextlib.suppress(SlowClient, ConnectionError):
-            await self._write(rendering.watch_frame("ERROR", error.to_json()))
+            await self._write(self.renderer.error(error))
 
     # -- the stream --------------------------------------------------------------------------
 
@@ -166,10 +155,9 @@ class Watch:
             return True
         async with self.ctx.store.snapshot(self.shape, namespace=self.view.namespace) as snap:
             self.cursor, self.position_rv = snap.last_seq, snap.rv
-            self.kind, self.api_version = snap.kind, snap.api_version
             async for rows in snap.rows:
                 frames = [
-                    rendering.watch_frame(ChangeType.ADDED, self._object(raw))
+                    self.renderer.event(ChangeType.ADDED, raw)
                     for namespace, name, labels, raw in rows
                     if self.view.is_everything
                     or self.view.admits(namespace=namespace, name=name, labels=labels)
@@ -207,7 +195,7 @@ class Watch:
                 for record in records:
                     event = self.view.event_for(record)
                     if event is not None:
-                        frames.append(rendering.watch_frame(event[0], self._object(event[1])))
+                        frames.append(self.renderer.event(event[0], event[1]))
                     self.cursor, self.position_rv = record.seq, record.rv
                 if frames:
                     await self._write(b"".join(frames))

@@ -16,6 +16,7 @@ from typing import Any, Final
 
 import orjson
 
+from proxy.kube import protobuf
 from proxy.kube.status import Reason, StatusError
 
 __all__ = [
@@ -105,7 +106,17 @@ class UpstreamStatusError(UpstreamError):
     ) -> UpstreamStatusError:
         """Build from an HTTP answer with code >= 400 (body already read)."""
         status: dict[str, Any] | None = None
-        if body:
+        if body.startswith(protobuf.PREFIX):  # the answer to a protobuf request
+            try:
+                envelope = protobuf.unwrap(body)
+                if envelope.kind == "Status":
+                    pb_code, reason, message = protobuf.status_fields(envelope.raw)
+                    status = {"kind": "Status", "apiVersion": "v1", "metadata": {}}
+                    status |= {"status": "Failure", "message": message, "reason": reason}
+                    status["code"] = pb_code
+            except protobuf.ProtobufError:
+                status = None
+        elif body:
             try:
                 decoded = orjson.loads(body)
             except orjson.JSONDecodeError:

@@ -1,5 +1,7 @@
 """The reflector: keeps one shape in step with the apiserver (docs/design.md §4).
 
+- Objects are listed and watched in the shape's encoding (JSON, or protobuf: see
+  ``decoding``).
 - No RV yet: fill by WatchList (``sendInitialEvents=true``) where the apiserver supports it,
   else by paginated LIST, staging page by page (bounded memory) and making the result visible
   in one transaction.
@@ -31,16 +33,13 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
-from proxy.cache.records import Change, ChangeType, change_from_object
+from proxy.cache.records import Change, ChangeType
 from proxy.cache.store import Shape, StorageError, Store
 from proxy.kube import versions
-from proxy.kube.payloads import INITIAL_EVENTS_END_ANNOTATION
 from proxy.metrics import Metrics
 from proxy.upstream.connecting import Upstream
+from proxy.upstream.decoding import Event, check_content_type, codec_for, error_event
 from proxy.upstream.errors import UpstreamError, UpstreamProtocolError, UpstreamStatusError
-from proxy.upstream.framing import event_object_bytes, line_batches
 from proxy.upstream.resilience import (
     Backoff,
     CircuitBreaker,
@@ -163,6 +162,7 @@ class Reflector:
         self.metrics = metrics
         self.watch_list = settings.watch_list
         self.path = shape.key.gvr.collection_path(namespace=shape.key.namespace or None)
+        self.codec = codec_for(shape.key.encoding)
         self.fill = FillProgress(filled=shape.rv is not None)
         self._denied = 0
         """Consecutive 403/404 answers while the shape is filled (see ``revoke_after``)."""
@@ -275,25 +275,23 @@ class Reflector:
             params = _params(self.shape, limit=str(self.settings.page_size))
             if continue_token:
                 params["continue"] = continue_token
-            page = await self.upstream.json_request("GET", (self.path, params), verb="LIST")
+            async with self.upstream.request(
+                "GET", (self.path, params), headers={"Accept": self.codec.accept}, verb="LIST"
+            ) as response:
+                body = await response.read()
+                if response.status >= 400:
+                    raise UpstreamStatusError.from_response(
+                        code=response.status, body=body, headers=response.headers
+                    )
+                check_content_type(self.codec, response.content_type)
             self.breaker.record_success()
             self._denied = 0
-            metadata = page.get("metadata") or {}
+            page = self.codec.page(body)
             if not continue_token:
-                rv = str(metadata.get("resourceVersion", ""))
-                list_kind = str(page.get("kind", ""))
-                kind = list_kind.removesuffix("List")
-                api_version = str(page.get("apiVersion", ""))
-            items = page.get("items") or []
+                rv, kind, api_version = page.rv, page.kind, page.api_version
             self._progressed(slot)
-            await self.store.stage(
-                self.shape,
-                [
-                    change_from_object(ChangeType.ADDED, _typed(item, kind, api_version))
-                    for item in items
-                ],
-            )
-            continue_token = str(metadata.get("continue") or "")
+            await self.store.stage(self.shape, page.changes)
+            continue_token = page.continue_token
             if not continue_token:
                 break
         if not rv or not kind:
@@ -329,38 +327,33 @@ class Reflector:
         async with self._stream(params) as chunks:
             self.breaker.record_success()
             filling = True
-            async for lines in line_batches(chunks):
+            async for events in self.codec.batches(chunks):
                 if not filling:
-                    await self._apply_lines(lines)
+                    await self._apply(events)
                     continue
                 self._progressed(slot)
-                for index, line in enumerate(lines):
-                    event = _decode(line)
-                    kind_, obj = event["type"], event.get("object") or {}
-                    if kind_ == "ADDED":
-                        kind, api_version = obj.get("kind", kind), obj.get("apiVersion", "")
-                        staged.append(
-                            change_from_object(
-                                ChangeType.ADDED, obj, raw=event_object_bytes(line, event)
-                            )
-                        )
+                for index, event in enumerate(events):
+                    if event.type == "ADDED" and event.change is not None:
+                        kind, api_version = event.kind or kind, event.api_version or api_version
+                        staged.append(event.change)
                         if len(staged) >= self.settings.stage_batch:
                             await self.store.stage(self.shape, staged)
                             staged = []
-                    elif kind_ == "BOOKMARK" and _ends_initial_events(obj):
+                    elif event.type == "BOOKMARK" and event.initial_events_end:
                         await self.store.stage(self.shape, staged)
-                        kind = kind or obj.get("kind", "")
-                        api_version = api_version or obj.get("apiVersion", "")
-                        rv = str(obj.get("metadata", {}).get("resourceVersion", ""))
-                        await self._finish(rv=rv, kind=kind, api_version=api_version)
+                        await self._finish(
+                            rv=event.rv,
+                            kind=kind or event.kind,
+                            api_version=api_version or event.api_version,
+                        )
                         self._observe_list(started, "watchlist")
                         slot.release()
                         filling = False
-                        if rest := lines[index + 1 :]:
-                            await self._apply_lines(rest)
+                        if rest := events[index + 1 :]:
+                            await self._apply(rest)
                         break
-                    elif kind_ == "ERROR":
-                        _raise_error(obj)
+                    elif event.type == "ERROR":
+                        _raise_error(event.status)
             if filling:
                 raise UpstreamProtocolError(
                     "WatchList ended before its initial-events-end bookmark"
@@ -375,13 +368,14 @@ class Reflector:
             "GET",
             (self.path, params),
             stream=True,
-            headers={"Accept": "application/json"},
+            headers={"Accept": self.codec.accept},
             verb="WATCH",
         ) as response:
             if response.status >= 400:
                 raise UpstreamStatusError.from_response(
                     code=response.status, body=await response.read(), headers=response.headers
                 )
+            check_content_type(self.codec, response.content_type)
             self._denied = 0
             yield response.content.iter_any()
 
@@ -400,32 +394,28 @@ class Reflector:
         try:
             async with self._stream(params) as chunks:
                 self.breaker.record_success()
-                async for lines in line_batches(chunks):
-                    await self._apply_lines(lines)
+                async for events in self.codec.batches(chunks):
+                    await self._apply(events)
         except UpstreamStatusError as error:
             if error.code == 410:
                 raise Expired from error
             raise
         self.metrics.watch_restarts.labels(resource=self.resource, reason="ended").inc()
 
-    async def _apply_lines(self, lines: list[bytes]) -> None:
+    async def _apply(self, events: list[Event]) -> None:
         """Commit one chunk's events as one transaction (then they are published)."""
         changes: list[Change] = []
-        for line in lines:
-            event = _decode(line)
-            kind, obj = event["type"], event.get("object") or {}
-            if kind == "ERROR":
+        for event in events:
+            if event.type == "ERROR":
                 await self.store.apply(self.shape, changes)
-                _raise_error(obj)
-            if kind == "BOOKMARK":
-                rv = str(obj.get("metadata", {}).get("resourceVersion", ""))
-                if rv and rv != self.shape.rv:
-                    changes.append(Change(type=ChangeType.BOOKMARK, rv=rv))
+                _raise_error(event.status)
+            if event.type == "BOOKMARK":
+                if event.rv and event.rv != self.shape.rv:
+                    changes.append(Change(type=ChangeType.BOOKMARK, rv=event.rv))
                 continue
-            changes.append(
-                change_from_object(ChangeType(kind), obj, raw=event_object_bytes(line, event))
-            )
-            self.metrics.events_in.labels(resource=self.resource, type=kind).inc()
+            assert event.change is not None
+            changes.append(event.change)
+            self.metrics.events_in.labels(resource=self.resource, type=event.type).inc()
         await self.store.apply(self.shape, changes)
         if changes:
             self._observe_rv(changes[-1].rv)
@@ -436,39 +426,8 @@ class Reflector:
         )
 
 
-def _decode(line: bytes) -> dict[str, Any]:
-    event = orjson.loads(line)
-    if not isinstance(event, dict) or event.get("type") not in {
-        "ADDED",
-        "MODIFIED",
-        "DELETED",
-        "BOOKMARK",
-        "ERROR",
-    }:
-        raise UpstreamProtocolError(f"not a watch event: {line[:200]!r}")
-    return event
-
-
 def _raise_error(status: Mapping[str, Any]) -> None:
-    code = int(status.get("code") or 500)
-    error = UpstreamStatusError(
-        code=code,
-        reason=str(status.get("reason", "")),
-        message=str(status.get("message", "")),
-        status=status,
-    )
-    if code == 410:
+    error = error_event(status)
+    if error.code == 410:
         raise Expired from error
     raise error
-
-
-def _ends_initial_events(obj: Mapping[str, Any]) -> bool:
-    annotations = (obj.get("metadata") or {}).get("annotations") or {}
-    return annotations.get(INITIAL_EVENTS_END_ANNOTATION) == "true"
-
-
-def _typed(item: dict[str, Any], kind: str, api_version: str) -> dict[str, Any]:
-    """List items of built-in types omit kind/apiVersion; watch events must carry them."""
-    if "kind" in item and "apiVersion" in item:
-        return item
-    return {"kind": kind, "apiVersion": api_version, **item}

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from proxy.cache.shapes import Request, ShapeKey, choose
 from proxy.cache.store import Shape, Store
+from proxy.kube.resources import GroupVersionResource
 from proxy.metrics import Metrics
 from proxy.upstream.connecting import Upstream
 from proxy.upstream.errors import UpstreamStatusError
@@ -79,6 +80,9 @@ class Syncer:
         self._tasks: dict[ShapeKey, asyncio.Task[None]] = {}
         self._maintenance: asyncio.Task[None] | None = None
         self.configured: list[ShapeKey] = []
+        self.without_protobuf: set[GroupVersionResource] = set()
+        """Resources whose apiserver answered a protobuf list in JSON (custom resources in a
+        ``*.k8s.io`` group): their clients are served from JSON shapes."""
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -136,6 +140,9 @@ class Syncer:
                 reason = "failed"
             else:
                 reason = ending.value
+                refusal = reflector.fill.refusal
+                if refusal is not None and refusal.code == 406:
+                    self.without_protobuf.add(shape.key.gvr)
                 try:
                     await self._forget(shape, reason=reason)
                     if not shape.configured:

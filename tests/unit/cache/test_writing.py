@@ -163,3 +163,34 @@ def test_a_relist_larger_than_a_chunk_is_appended_once(db: sqlite3.Connection) -
     seqs = [r.seq for r in committed.records]
     assert seqs == list(range(seqs[0], committed.last_seq + 1))  # the newest, contiguous
     assert len(seqs) == writing.CHUNK
+
+
+def test_a_protobuf_relist_stamps_deletes_in_protobuf(db: sqlite3.Connection) -> None:
+    """A protobuf shape's objects are their own messages: the DELETED of a relist diff carries
+    the relist RV inside its ObjectMeta, still as protobuf."""
+    from proxy.cache.records import change_from_protobuf
+    from proxy.kube import protobuf
+    from tests.unit.kube.test_protobuf import configmap
+
+    fill(db, [change_from_protobuf(ChangeType.ADDED, configmap("gone", "a", "3"))], "10")
+    fill(db, [], "20")
+    (raw,) = db.execute("SELECT raw FROM events WHERE type = 'DELETED'").fetchone()
+    assert not bytes(raw).startswith(b"{")
+    meta = protobuf.object_meta(bytes(raw))
+    assert (meta.name, meta.resource_version) == ("gone", "20")
+
+
+def test_a_version_1_database_is_migrated_in_place() -> None:
+    connection = sqlite3.connect(":memory:")
+    schema.migrate(connection)
+    connection.execute("ALTER TABLE shapes DROP COLUMN encoding")
+    connection.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    connection.execute(
+        "INSERT INTO shapes (id, key, grp, version, resource, namespace, label_selector, "
+        "field_selector, configured, created_at, used_at) "
+        "VALUES (1, 'v1/configmaps', '', 'v1', 'configmaps', '', '', '', 1, 0, 0)"
+    )
+    connection.commit()
+    schema.migrate(connection)
+    assert connection.execute("SELECT encoding FROM shapes").fetchall() == [("json",)]
+    assert connection.execute("SELECT value FROM meta").fetchone() == ("2",)

@@ -266,15 +266,15 @@ async def test_a_failed_reflector_is_restarted_and_counted(
     world: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     apiserver, store, metrics, make = world
-    original = Reflector._apply_lines
+    original = Reflector._apply
     failures = [RuntimeError("a bug")]
 
-    async def flaky(self: Reflector, lines: list[bytes]) -> None:
+    async def flaky(self: Reflector, events: list[Any]) -> None:
         if failures:
             raise failures.pop()
-        await original(self, lines)
+        await original(self, events)
 
-    monkeypatch.setattr(Reflector, "_apply_lines", flaky)
+    monkeypatch.setattr(Reflector, "_apply", flaky)
     syncer = await make()
     shape = await syncer.learn(key("flaky"))
     assert await syncer.wait_filled(shape)

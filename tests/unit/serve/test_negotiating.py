@@ -1,0 +1,44 @@
+"""Which representation and encoding an Accept header gets from the cache."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.cache.shapes import Encoding
+from proxy.serve.negotiating import Negotiated, Representation, negotiate
+
+PB = "application/vnd.kubernetes.protobuf"
+FULL_JSON = Negotiated(representation=Representation.FULL, encoding=Encoding.JSON)
+FULL_PB = Negotiated(representation=Representation.FULL, encoding=Encoding.PROTOBUF)
+META_JSON = Negotiated(representation=Representation.METADATA, encoding=Encoding.JSON)
+META_PB = Negotiated(representation=Representation.METADATA, encoding=Encoding.PROTOBUF)
+PASS = Negotiated(representation=Representation.PASS_THROUGH)
+METADATA_LIST = (
+    f"{PB};as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,"
+    "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+)
+
+
+@pytest.mark.parametrize(
+    ("accept", "watch", "protobuf_ok", "expected"),
+    [
+        (None, False, True, FULL_JSON),
+        ("application/json", False, True, FULL_JSON),
+        (f"{PB},application/json", False, True, FULL_PB),  # kube-controller-manager
+        (f"{PB},application/json", False, False, FULL_JSON),  # a custom resource
+        (f"{PB};stream=watch", True, True, FULL_PB),
+        (PB, False, False, PASS),  # protobuf only, for a CR: the apiserver's business
+        (METADATA_LIST, False, True, META_PB),  # the garbage collector's metadata informers
+        (METADATA_LIST, False, False, META_JSON),
+        (METADATA_LIST.replace("List;", ";"), True, True, META_PB),
+        (METADATA_LIST, True, True, FULL_JSON),  # List asked on a watch: the last range
+        ("application/json;as=Table;g=meta.k8s.io;v=v1,application/json", False, True, PASS),
+        ("application/yaml", False, True, PASS),
+        ("application/cbor,application/json", False, True, FULL_JSON),
+        ("*/*", False, True, FULL_JSON),
+    ],
+)
+def test_negotiate(
+    accept: str | None, watch: bool, protobuf_ok: bool, expected: Negotiated
+) -> None:
+    assert negotiate(accept, watch=watch, protobuf_ok=protobuf_ok) == expected
