@@ -53,9 +53,10 @@ def parser() -> argparse.ArgumentParser:
         "--resource",
         action="append",
         default=None,
-        metavar="GVR[@NAMESPACE]",
+        metavar="GVR[@NAMESPACE][;protobuf]",
         help="cache this collection from the start (repeatable), e.g. v1/configmaps, "
-        "apps/v1/deployments@team-a, example.com/v1/widgets",
+        "apps/v1/deployments@team-a, example.com/v1/widgets; ';protobuf' caches it for "
+        "protobuf clients (kube-controller-manager, typed client-go controllers)",
     )
     p.add_argument(
         "--learn",

@@ -18,7 +18,7 @@ import orjson
 from aiohttp import web
 
 from proxy.cache.freshness import RecentWrites
-from proxy.cache.shapes import ShapeKey
+from proxy.cache.shapes import Encoding, ShapeKey
 from proxy.cache.store import Store, StoreSettings
 from proxy.kube.resources import ResourceFlag
 from proxy.metrics import Metrics
@@ -119,7 +119,12 @@ class App:
         )
         self.breaker = breaker
         await syncer.start(
-            ShapeKey.of(flag.gvr, namespace=flag.namespace) for flag in settings.resources
+            ShapeKey.of(
+                flag.gvr,
+                namespace=flag.namespace,
+                encoding=Encoding.PROTOBUF if flag.protobuf else Encoding.JSON,
+            )
+            for flag in settings.resources
         )
         ctx = Context(
             store=store,

@@ -109,23 +109,33 @@ class GroupVersionResource:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ResourceFlag:
-    """The ``--resource GVR[@NAMESPACE]`` flag: a collection, all namespaces when None."""
+    """The ``--resource GVR[@NAMESPACE][;protobuf]`` flag: a collection (all namespaces when
+    no namespace), cached for JSON clients, or with ``;protobuf`` for protobuf clients."""
 
     gvr: GroupVersionResource
     namespace: str | None = None
+    protobuf: bool = False
 
     @classmethod
     def parse(cls, text: str) -> ResourceFlag:
-        """``v1/configmaps``, ``apps/v1/deployments@team-a``. Raises ValueError."""
-        spec, at, namespace = text.strip().partition("@")
+        """``v1/configmaps``, ``apps/v1/deployments@team-a;protobuf``. Raises ValueError."""
+        text = text.strip()
+        body, semicolon, encoding = text.partition(";")
+        if semicolon and encoding not in ("protobuf", "json"):
+            raise ValueError(f"{text!r}: the encoding after ';' is protobuf or json")
+        protobuf = encoding == "protobuf"
+        if protobuf and not GroupVersionResource.parse(body.partition("@")[0]).may_have_protobuf:
+            raise ValueError(f"{text!r}: custom resources have no protobuf form")
+        spec, at, namespace = body.partition("@")
         gvr = GroupVersionResource.parse(spec)
         if not at:
-            return cls(gvr=gvr)
+            return cls(gvr=gvr, protobuf=protobuf)
         _check(_DNS1123_LABEL, namespace, what="namespace", max_len=63, text=text)
-        return cls(gvr=gvr, namespace=namespace)
+        return cls(gvr=gvr, namespace=namespace, protobuf=protobuf)
 
     def __str__(self) -> str:
-        return f"{self.gvr}@{self.namespace}" if self.namespace else str(self.gvr)
+        text = f"{self.gvr}@{self.namespace}" if self.namespace else str(self.gvr)
+        return f"{text};protobuf" if self.protobuf else text
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -58,13 +58,28 @@ def test_gvr_paths() -> None:
         ("v1/configmaps", "v1/configmaps", None),
         ("apps/v1/deployments@team-a", "apps/v1/deployments", "team-a"),
         ("example.com/v1/widgets", "example.com/v1/widgets", None),
+        ("apps/v1/deployments@team-a;protobuf", "apps/v1/deployments", "team-a"),
+        ("v1/pods;protobuf", "v1/pods", None),
     ],
 )
 def test_resource_flag(text: str, gvr: str, namespace: str | None) -> None:
     flag = ResourceFlag.parse(text)
     assert str(flag.gvr) == gvr
     assert flag.namespace == namespace
+    assert flag.protobuf is text.endswith(";protobuf")
     assert str(flag) == text
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("v1/configmaps;cbor", "protobuf or json"),
+        ("example.com/v1/widgets;protobuf", "no protobuf form"),
+    ],
+)
+def test_resource_flag_encodings(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ResourceFlag.parse(text)
 
 
 @pytest.mark.parametrize(
