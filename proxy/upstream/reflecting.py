@@ -225,7 +225,10 @@ class Reflector:
         apiserver is back, instead of every reflector hammering it."""
         while not self.breaker.allow():
             self.fill.set(FillState.BACKING_OFF)
-            await asyncio.sleep(max(self.breaker.retry_in(), 0.2))
+            # Look again at least every second: while another reflector's probe is in
+            # flight, retry_in() is its timeout (a minute), but a successful probe closes the
+            # breaker at once and every waiting shape should resume then, not a minute later.
+            await asyncio.sleep(min(max(self.breaker.retry_in(), 0.2), 1.0))
 
     async def _pause(self, error: Exception, *, retry_after: float | None, unhealthy: bool) -> None:
         if unhealthy:

@@ -18,26 +18,26 @@ func sha(s string) string {
 
 func TestBuildDigestSortsAndHashes(t *testing.T) {
 	items := []item{
-		{"b", "x", "7"},
-		{"a", "z", "3"},
-		{"", "cluster-thing", "1"},
-		{"a", "y", "10"},
-		{"a", "Y", "11"}, // byte order: upper case first
+		{Namespace: "b", Name: "x", RV: "7"},
+		{Namespace: "a", Name: "z", RV: "3"},
+		{Namespace: "", Name: "cluster-thing", RV: "1"},
+		{Namespace: "a", Name: "y", RV: "10"},
+		{Namespace: "a", Name: "Y", RV: "11"}, // byte order: upper case first
 	}
-	d := buildDigest("v1/configmaps", items, true)
+	d := buildDigest("v1/configmaps", items, true, false)
 	want := []item{
-		{"", "cluster-thing", "1"},
-		{"a", "Y", "11"},
-		{"a", "y", "10"},
-		{"a", "z", "3"},
-		{"b", "x", "7"},
+		{Namespace: "", Name: "cluster-thing", RV: "1"},
+		{Namespace: "a", Name: "Y", RV: "11"},
+		{Namespace: "a", Name: "y", RV: "10"},
+		{Namespace: "a", Name: "z", RV: "3"},
+		{Namespace: "b", Name: "x", RV: "7"},
 	}
 	if d.Count != len(want) || d.Items == nil || len(*d.Items) != len(want) {
 		t.Fatalf("count %d items %v", d.Count, d.Items)
 	}
 	for i, it := range *d.Items {
-		if it != want[i] {
-			t.Errorf("item %d = %v, want %v", i, it, want[i])
+		if it.key() != want[i].key() {
+			t.Errorf("item %d = %v, want %v", i, it.key(), want[i].key())
 		}
 	}
 	wantSHA := sha("/cluster-thing/1\na/Y/11\na/y/10\na/z/3\nb/x/7\n")
@@ -46,13 +46,13 @@ func TestBuildDigestSortsAndHashes(t *testing.T) {
 	}
 	// The hash does not depend on input order.
 	rev := []item{want[4], want[3], want[2], want[1], want[0]}
-	if got := buildDigest("v1/configmaps", rev, false).SHA256; got != wantSHA {
+	if got := buildDigest("v1/configmaps", rev, false, false).SHA256; got != wantSHA {
 		t.Errorf("sha256 of reversed input = %s, want %s", got, wantSHA)
 	}
 }
 
 func TestDigestLineFormat(t *testing.T) {
-	d := buildDigest("apps/v1/deployments@ns1", []item{{"ns1", "b", "5"}, {"ns1", "a", "4"}}, true)
+	d := buildDigest("apps/v1/deployments@ns1", []item{{Namespace: "ns1", Name: "b", RV: "5"}, {Namespace: "ns1", Name: "a", RV: "4"}}, true, false)
 	b, err := json.Marshal(d)
 	if err != nil {
 		t.Fatal(err)
@@ -64,14 +64,14 @@ func TestDigestLineFormat(t *testing.T) {
 	}
 
 	// --no-items drops the array.
-	b, _ = json.Marshal(buildDigest("v1/configmaps", []item{{"a", "b", "1"}}, false))
+	b, _ = json.Marshal(buildDigest("v1/configmaps", []item{{Namespace: "a", Name: "b", RV: "1"}}, false, false))
 	want = `{"kind":"digest","resource":"v1/configmaps","count":1,"sha256":"` + sha("a/b/1\n") + `"}`
 	if string(b) != want {
 		t.Errorf("got  %s\nwant %s", b, want)
 	}
 
 	// An empty cache still has an items array, and the sha256 of nothing.
-	b, _ = json.Marshal(buildDigest("v1/configmaps", nil, true))
+	b, _ = json.Marshal(buildDigest("v1/configmaps", nil, true, false))
 	want = `{"kind":"digest","resource":"v1/configmaps","count":0,"sha256":"` + sha("") + `","items":[]}`
 	if string(b) != want {
 		t.Errorf("got  %s\nwant %s", b, want)
@@ -84,14 +84,14 @@ func TestItemsFromObjects(t *testing.T) {
 	u.SetName("cm1")
 	u.SetResourceVersion("42")
 	p := &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Name: "node1", ResourceVersion: "9"}}
-	got := itemsFromObjects([]interface{}{u, p, "not an object"})
-	want := []item{{"default", "cm1", "42"}, {"", "node1", "9"}}
+	got := itemsFromObjects([]interface{}{u, p, "not an object"}, false)
+	want := []item{{Namespace: "default", Name: "cm1", RV: "42"}, {Namespace: "", Name: "node1", RV: "9"}}
 	if len(got) != len(want) {
 		t.Fatalf("got %v, want %v", got, want)
 	}
 	for i := range want {
-		if got[i] != want[i] {
-			t.Errorf("item %d = %v, want %v", i, got[i], want[i])
+		if got[i].key() != want[i].key() || got[i].object != nil {
+			t.Errorf("item %d = %v (object %q), want %v", i, got[i].key(), got[i].object, want[i].key())
 		}
 	}
 }

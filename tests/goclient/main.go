@@ -51,6 +51,14 @@ type options struct {
 	noDiscovery   bool
 	qps           float64
 	burst         int
+	protobuf      bool
+	objectDigest  bool
+	// fidelity mode
+	otherKubeconfig string
+	otherContext    string
+	rv              string
+	checks          string
+	timeout         time.Duration
 }
 
 var out = newEmitter(os.Stdout)
@@ -69,7 +77,7 @@ func main() {
 	fs.StringVar(&o.context, "context", "", "kubeconfig context to use (default: current-context)")
 	fs.Var(&o.resources, "resource", "[GROUP/]VERSION/RESOURCE[@NAMESPACE], repeatable (v1/configmaps, apps/v1/deployments, example.com/v1/widgets@ns1)")
 	fs.StringVar(&o.labelSelector, "label-selector", "", "label selector applied to every informer")
-	fs.StringVar(&o.mode, "mode", "informer", "informer | metadata | controller-runtime")
+	fs.StringVar(&o.mode, "mode", "informer", "informer | typed | metadata | controller-runtime | fidelity")
 	fs.DurationVar(&o.resync, "resync", 0, "informer resync period (0 = no resync)")
 	fs.DurationVar(&o.duration, "duration", 0, "exit (after the final digest) after this long (0 = run until signalled)")
 	fs.BoolVar(&o.exitOnSync, "exit-on-sync", false, "exit (after the final digest) once every informer has synced")
@@ -77,6 +85,13 @@ func main() {
 	fs.BoolVar(&o.noDiscovery, "no-discovery", false, "do not check resources against discovery at start (informer and metadata modes)")
 	fs.Float64Var(&o.qps, "qps", 1000, "client QPS")
 	fs.IntVar(&o.burst, "burst", 2000, "client burst")
+	fs.BoolVar(&o.protobuf, "protobuf", false, "typed and metadata modes: rest.Config ContentType/AcceptContentTypes protobuf, as kube-controller-manager")
+	fs.BoolVar(&o.objectDigest, "object-digest", false, "digest lines also hash every whole object (objects, objectHashes)")
+	fs.StringVar(&o.otherKubeconfig, "other-kubeconfig", "", "fidelity mode: the second server's kubeconfig (compared with --kubeconfig's)")
+	fs.StringVar(&o.otherContext, "other-context", "", "fidelity mode: context in --other-kubeconfig")
+	fs.StringVar(&o.rv, "rv", "", "fidelity mode: resourceVersion of the LISTs and the WatchList (empty: unset)")
+	fs.StringVar(&o.checks, "checks", strings.Join(fidelityChecks, ","), "fidelity mode: which reads to compare")
+	fs.DurationVar(&o.timeout, "timeout", time.Minute, "fidelity mode: per-request timeout")
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(klogFlags)
 	klogFlags.VisitAll(func(f *flag.Flag) { fs.Var(f.Value, f.Name, f.Usage) })
@@ -99,9 +114,25 @@ func run(o options) int {
 		fail("--kubeconfig is required")
 	}
 	switch o.mode {
-	case "informer", "metadata", "controller-runtime":
+	case "informer", "controller-runtime":
+		if o.protobuf {
+			fail("--protobuf: mode %s uses unstructured objects, which client-go always reads as JSON", o.mode)
+		}
+	case "typed", "metadata":
+	case "fidelity":
+		if o.otherKubeconfig == "" {
+			fail("--mode fidelity needs --other-kubeconfig")
+		}
+		if o.timeout < time.Second {
+			fail("--timeout must be at least 1s")
+		}
+		for _, c := range strings.Split(o.checks, ",") {
+			if !slices.Contains(fidelityChecks, c) {
+				fail("--checks: %q: want a comma-separated subset of %s", c, strings.Join(fidelityChecks, ","))
+			}
+		}
 	default:
-		fail("--mode %q: want informer, metadata or controller-runtime", o.mode)
+		fail("--mode %q: want informer, typed, metadata, controller-runtime or fidelity", o.mode)
 	}
 	if len(o.resources) == 0 {
 		fail("at least one --resource is required")
@@ -129,19 +160,16 @@ func run(o options) int {
 		specs = append(specs, s)
 	}
 
-	if _, err := os.Stat(o.kubeconfig); err != nil {
-		fail("kubeconfig: %v", err)
-	}
-	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
-		&clientcmd.ClientConfigLoadingRules{ExplicitPath: o.kubeconfig},
-		&clientcmd.ConfigOverrides{CurrentContext: o.context},
-	).ClientConfig()
-	if err != nil {
-		fail("kubeconfig: %v", err)
-	}
+	cfg := loadConfig(o.kubeconfig, o.context, "kubeconfig")
 	cfg.QPS = float32(o.qps)
 	cfg.Burst = o.burst
 	cfg.UserAgent = "warmwatch-goclient/" + o.mode + " " + rest.DefaultKubernetesUserAgent()
+	if o.protobuf {
+		useProtobuf(cfg)
+	}
+	if o.mode == "fidelity" {
+		return fidelityMain(o, cfg, specs)
+	}
 	hc, err := rest.HTTPClientFor(cfg)
 	if err != nil {
 		fail("kubeconfig: %v", err)
@@ -178,6 +206,8 @@ func run(o options) int {
 	switch o.mode {
 	case "informer":
 		ws, start, err = setupInformer(p)
+	case "typed":
+		ws, start, err = setupTyped(p)
 	case "metadata":
 		ws, start, err = setupMetadata(p)
 	case "controller-runtime":
@@ -187,18 +217,15 @@ func run(o options) int {
 		fail("%v", err)
 	}
 
-	names := make([]string, len(specs))
-	for i, s := range specs {
-		names[i] = s.Spec
-	}
-	out.emit(startLine{Kind: "start", WatchList: watchList, Mode: o.mode, Resources: names, LabelSelector: o.labelSelector})
+	names := specNames(specs)
+	out.emit(startLine{Kind: "start", WatchList: watchList, Mode: o.mode, Resources: names, LabelSelector: o.labelSelector, Protobuf: o.protobuf, ObjectDigest: o.objectDigest})
 
 	// digestMu serialises digest sets, and the final one holds it until exit,
 	// so no digest line follows {"kind":"exit"}.
 	var digestMu sync.Mutex
 	emitDigests := func() {
 		for _, w := range ws {
-			out.emit(buildDigest(w.spec.Spec, itemsFromObjects(w.list()), !o.noItems))
+			out.emit(buildDigest(w.spec.Spec, itemsFromObjects(w.list(), o.objectDigest), !o.noItems, o.objectDigest))
 		}
 	}
 	finish := func(reason string) {
@@ -272,6 +299,49 @@ func run(o options) int {
 		finish("stdin")
 	}
 	return 0
+}
+
+// loadConfig reads a kubeconfig (what names it in errors) or fails.
+func loadConfig(path, context, what string) *rest.Config {
+	if _, err := os.Stat(path); err != nil {
+		fail("%s: %v", what, err)
+	}
+	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
+		&clientcmd.ClientConfigLoadingRules{ExplicitPath: path},
+		&clientcmd.ConfigOverrides{CurrentContext: context},
+	).ClientConfig()
+	if err != nil {
+		fail("%s: %v", what, err)
+	}
+	return cfg
+}
+
+// fidelityMain: --mode fidelity. Exit status 0 when every check matched, 1 otherwise.
+func fidelityMain(o options, cfg *rest.Config, specs []resourceSpec) int {
+	other := loadConfig(o.otherKubeconfig, o.otherContext, "other-kubeconfig")
+	a, err := serverFor(cfg)
+	if err != nil {
+		fail("kubeconfig: %v", err)
+	}
+	b, err := serverFor(other)
+	if err != nil {
+		fail("other-kubeconfig: %v", err)
+	}
+	out.emit(startLine{Kind: "start", Mode: o.mode, Resources: specNames(specs), LabelSelector: o.labelSelector, Protobuf: true})
+	ok := runFidelity(newFidelityChecker(o.timeout, o.rv, o.labelSelector), a, b, specs, strings.Split(o.checks, ","))
+	out.emit(kindLine{Kind: "exit"})
+	if !ok {
+		return 1
+	}
+	return 0
+}
+
+func specNames(specs []resourceSpec) []string {
+	names := make([]string, len(specs))
+	for i, s := range specs {
+		names[i] = s.Spec
+	}
+	return names
 }
 
 func emitEvent(resource, typ string, obj interface{}, initial bool) {

@@ -38,6 +38,8 @@ type startLine struct {
 	Mode          string   `json:"mode"`
 	Resources     []string `json:"resources"`
 	LabelSelector string   `json:"labelSelector,omitempty"`
+	Protobuf      bool     `json:"protobuf,omitempty"`
+	ObjectDigest  bool     `json:"objectDigest,omitempty"`
 }
 
 type syncedLine struct {

@@ -308,3 +308,31 @@ async def test_the_breaker_opens_on_repeated_failures_and_limits_requests(
     assert metrics.value("warmwatch_circuit_breaker_state", {"target": "apiserver"}) == 2
     # 3 failures open it; then one probe per 1 s cool-down, instead of one per 10 ms backoff.
     assert len(scripted.requests) - started <= 6
+
+
+async def test_waiting_reflectors_resume_as_soon_as_the_probe_succeeds(
+    served: tuple[Scripted, Upstream, Store, Metrics],
+) -> None:
+    """While another reflector's probe is in flight the breaker says "retry in 60 s" (the
+    probe timeout); a probe that succeeds must release the waiting shapes at once."""
+    scripted, upstream, store, metrics = served
+    scripted.objects = [cm("o", 1)]
+    breaker = CircuitBreaker(
+        target="apiserver", settings=BreakerSettings(failure_threshold=1, cool_down=0.0)
+    )
+    breaker.record_failure()
+    assert breaker.allow()  # someone else's probe is now in flight
+    shape = await shape_for(store)
+    worker = reflector(shape, store, upstream, metrics, breaker=breaker)
+    task = asyncio.create_task(worker.run())
+    try:
+        await asyncio.sleep(0.3)
+        assert shape.rv is None and not scripted.requests  # held back by the breaker
+        breaker.record_success()
+        started = time.monotonic()
+        while shape.rv is None:
+            assert time.monotonic() - started < 2.5, "still waiting for the breaker"
+            await asyncio.sleep(0.02)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
