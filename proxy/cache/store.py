@@ -464,6 +464,16 @@ class Store:
                 raise StatusError.too_old_resource_version(requested=rv, oldest_resumable=start_rv)
             return int(low) - 1 if batch else int(high)
 
+    async def get_object(self, shape: Shape, *, namespace: str, name: str) -> bytes | None:
+        """One cached object's raw bytes, or None."""
+        async with self._reader() as db:
+            cursor = await db.execute(
+                "SELECT raw FROM objects WHERE shape_id = ? AND namespace = ? AND name = ?",
+                (shape.id, namespace, name),
+            )
+            row = await cursor.fetchone()
+        return bytes(row[0]) if row is not None else None
+
     async def present(
         self, shape: Shape, keys: Sequence[tuple[str, str]]
     ) -> tuple[tuple[str, str], ...]:

@@ -51,9 +51,7 @@ async def serve_list(
     if not_older_than is not None:
         await wait_for_rv(ctx, shape, not_older_than)
     async with ctx.store.snapshot(shape, namespace=view.namespace) as snapshot:
-        response = web.StreamResponse(
-            status=200, headers={"Content-Type": renderer.list_content_type}
-        )
+        response = web.StreamResponse(status=200, headers={"Content-Type": renderer.content_type})
         if renderer.encoding is Encoding.PROTOBUF:
             size = await _protobuf_list(request, response, snapshot, view, renderer)
         else:

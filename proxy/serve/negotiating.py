@@ -49,12 +49,12 @@ def _parameters(parts: list[str]) -> dict[str, str]:
     return parameters
 
 
-def negotiate(accept: str | None, *, watch: bool, protobuf_ok: bool) -> Negotiated:
-    """What to answer for ``accept`` on a LIST (``watch=False``) or a WATCH; ``protobuf_ok``:
-    the resource has a protobuf form (a built-in type)."""
+def negotiate(accept: str | None, *, single: bool, protobuf_ok: bool) -> Negotiated:
+    """What to answer for ``accept``: a list (``single=False``), or objects one by one (a
+    WATCH's events, a GET); ``protobuf_ok``: the resource has a protobuf form (built-in)."""
     if not accept or not accept.strip():
         return Negotiated(representation=Representation.FULL)
-    metadata_as = "PartialObjectMetadata" if watch else "PartialObjectMetadataList"
+    metadata_as = "PartialObjectMetadata" if single else "PartialObjectMetadataList"
     for media_range in accept.split(","):
         media_type, *rest = media_range.split(";")
         media_type = media_type.strip().lower()

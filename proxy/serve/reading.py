@@ -44,7 +44,7 @@ async def read_collection(
     options = ListOptions.parse(query, watch_path=path.is_watch_path)
     accept = request.headers.get("Accept")
     protobuf_ok = path.gvr.may_have_protobuf and path.gvr not in ctx.syncer.without_protobuf
-    negotiated = negotiate(accept, watch=options.is_watch, protobuf_ok=protobuf_ok)
+    negotiated = negotiate(accept, single=options.is_watch, protobuf_ok=protobuf_ok)
     not_older_than: str | None = None
     if negotiated.representation is Representation.PASS_THROUGH:
         return await pass_through(request, ctx)
@@ -70,7 +70,7 @@ async def read_collection(
     shape = ctx.syncer.find(wanted, namespaced=namespaced)
     if shape is None and not ctx.learn and negotiated.encoding is Encoding.PROTOBUF:
         # Not learning: a JSON shape serves a client that also accepts JSON.
-        as_json = negotiate(accept, watch=options.is_watch, protobuf_ok=False)
+        as_json = negotiate(accept, single=options.is_watch, protobuf_ok=False)
         if as_json.representation is not Representation.PASS_THROUGH:
             negotiated, wanted = as_json, dataclasses.replace(wanted, encoding=Encoding.JSON)
             shape = ctx.syncer.find(wanted, namespaced=namespaced)

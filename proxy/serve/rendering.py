@@ -100,7 +100,8 @@ class Renderer:
         return f"{self.object_kind}List"
 
     @property
-    def list_content_type(self) -> str:
+    def content_type(self) -> str:
+        """Of a whole answer (a list, an object); watches have :attr:`watch_content_type`."""
         return protobuf.MEDIA_TYPE if self.encoding is Encoding.PROTOBUF else "application/json"
 
     @property
@@ -116,6 +117,14 @@ class Renderer:
         if self.encoding is Encoding.PROTOBUF:
             return protobuf.partial_object_metadata(raw)
         return partial_metadata(raw)
+
+    def single(self, raw: bytes) -> bytes:
+        """A stored object as the whole answer to a GET (enveloped, for protobuf)."""
+        if self.encoding is Encoding.JSON:
+            return self.object(raw)
+        return protobuf.envelope(
+            api_version=self.object_api_version, kind=self.object_kind, raw=self.object(raw)
+        )
 
     def event(self, event_type: ChangeType | str, raw: bytes) -> bytes:
         """One watch event for a stored object."""

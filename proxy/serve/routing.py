@@ -20,6 +20,7 @@ from proxy.kube.status import StatusError
 from proxy.metrics import Metrics
 from proxy.serve import authenticating, health
 from proxy.serve.context import Context
+from proxy.serve.offline import offline_get
 from proxy.serve.reading import pass_through, read_collection
 from proxy.upstream.passing import status_response
 
@@ -77,6 +78,8 @@ async def handle(request: web.Request) -> web.StreamResponse:
         path = RequestPath.parse(request.path)
         if path is not None and path.is_collection:
             return await read_collection(request, path=path, ctx=ctx)
+        if path is not None and path.subresource is None and not path.watch_prefix:
+            return await pass_through(request, ctx, offline=offline_get(ctx, path))
     return await pass_through(request, ctx)
 
 

@@ -69,6 +69,7 @@ __all__ = [
     "is_discovery_path",
     "is_long_running",
     "pass_through",
+    "unavailable",
 ]
 
 logger = logging.getLogger(__name__)
@@ -251,7 +252,8 @@ def status_response(error: StatusError) -> web.Response:
     return response
 
 
-def _unavailable(error: UpstreamUnavailable) -> web.Response:
+def unavailable(error: UpstreamUnavailable) -> web.Response:
+    """The answer while the apiserver cannot be reached: 503 with ``Retry-After: 1``."""
     return status_response(StatusError.service_unavailable(str(error), retry_after_seconds=1))
 
 
@@ -368,7 +370,7 @@ async def _dispatch(
         _count(upstream, verb, "error")
         if offline is not None:
             return await offline(request, error)
-        return _unavailable(error)
+        return unavailable(error)
     if observe is not None and collector is not None and collector.complete:
         try:
             observe(request, CIMultiDict(collector.headers), collector.body)
@@ -580,7 +582,7 @@ async def _discovery(
         document = await _cached(cache, key)
         if document is None:
             _count(upstream, "GET", "error")
-            return _unavailable(error)
+            return unavailable(error)
         logger.info("apiserver unreachable (%s); serving %s from the discovery cache", error, key)
         cached = _serve_cached(request, document)
         _count(upstream, "GET", cached.status)
@@ -665,7 +667,7 @@ async def _relay_websocket(
             return client_ws
     except UpstreamUnavailable as error:
         _count(upstream, verb, "error")
-        return _unavailable(error)
+        return unavailable(error)
     except UpstreamStatusError as error:
         _count(upstream, verb, error.code)
         return status_response(error.to_status_error())

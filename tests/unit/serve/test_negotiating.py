@@ -20,7 +20,7 @@ METADATA_LIST = (
 
 
 @pytest.mark.parametrize(
-    ("accept", "watch", "protobuf_ok", "expected"),
+    ("accept", "single", "protobuf_ok", "expected"),
     [
         (None, False, True, FULL_JSON),
         ("application/json", False, True, FULL_JSON),
@@ -39,6 +39,6 @@ METADATA_LIST = (
     ],
 )
 def test_negotiate(
-    accept: str | None, watch: bool, protobuf_ok: bool, expected: Negotiated
+    accept: str | None, single: bool, protobuf_ok: bool, expected: Negotiated
 ) -> None:
-    assert negotiate(accept, watch=watch, protobuf_ok=protobuf_ok) == expected
+    assert negotiate(accept, single=single, protobuf_ok=protobuf_ok) == expected
