@@ -403,7 +403,10 @@ class Store:
             )
             rows = await cursor.fetchall()
         rows = list(rows)
-        if rows and rows[0][0] != after + 1:
+        if (rows and rows[0][0] != after + 1) or (not rows and after < shape.log.last_seq):
+            # Entries after ``after`` were committed but are gone: trimmed while the watcher
+            # lagged. (Without the second test a watcher whose whole tail was trimmed would
+            # see "nothing new" forever while the log says there is: a busy loop.)
             raise LogTrimmed(after)
         return [
             EventRecord(

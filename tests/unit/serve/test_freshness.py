@@ -132,3 +132,18 @@ async def test_a_delete_is_waited_for_until_the_object_left_the_cache(world: Any
     deleted = change_from_object(ChangeType.DELETED, obj("old", 13))
     await store.apply(shape, [deleted])
     assert await caught_up(ctx, shape, namespace=None)
+
+
+async def test_a_watcher_whose_whole_tail_was_trimmed_is_told(world: Any) -> None:
+    """Found by review: read_events took "no rows" for "nothing new" although the log had
+    moved on, and the watcher spun at 100 % CPU."""
+    from proxy.cache.store import LogTrimmed
+
+    _, store, shape = world
+    for rv in range(11, 11 + 5):
+        await store.apply(shape, [change_from_object(ChangeType.ADDED, obj(f"n{rv}", rv))])
+    object.__setattr__(store.settings, "retention_seconds", -1.0)  # everything is too old
+    await store.trim()
+    shape.log._ring.clear()  # as after a restart: nothing in memory
+    with pytest.raises(LogTrimmed):
+        await store.read_events(shape, after=1, limit=10)
