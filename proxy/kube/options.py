@@ -27,6 +27,7 @@ per the apiserver's own rules (docs/design.md §5).
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -130,6 +131,13 @@ class ListOptions:
         options = decode_list_options(query, watch_path=watch_path)
         validate_list_options(options)
         check_storage_options(options)
+        rv = options.resource_version
+        if rv is not None and rv != "0" and rv.isascii() and rv.isdigit():
+            # The apiserver parses a query RV as a uint64: "007" is 7 (and "00" is 0), so
+            # the rest of warmwatch sees the canonical form, which the log can compare.
+            canonical = str(parse_query_resource_version(rv))
+            if canonical != rv:
+                options = dataclasses.replace(options, resource_version=canonical)
         return options
 
     @property

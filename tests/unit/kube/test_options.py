@@ -472,7 +472,7 @@ def test_storage_errors(
 
 
 def test_leading_zero_rv_is_accepted_by_the_apiserver() -> None:
-    assert parse("resourceVersion=007").resource_version == "007"
+    assert parse("resourceVersion=007").resource_version == "7"  # and read as uint64
 
 
 def test_decoded_continue_token() -> None:
@@ -666,3 +666,15 @@ def test_watch_start(query: str, watch_path: bool, expected: WatchStart) -> None
 def test_watch_start_rejects_list() -> None:
     with pytest.raises(ValueError, match="list"):
         watch_start(parse(""))
+
+
+@pytest.mark.parametrize(
+    ("value", "canonical"),
+    [("007", "7"), ("00", "0"), ("0", "0"), ("120", "120"), ("18446744073709551615", None)],
+)
+def test_a_query_resource_version_is_read_as_the_apiserver_parses_it(
+    value: str, canonical: str | None
+) -> None:
+    """Found by review: "007" passed validation but was then looked up verbatim (410/504)."""
+    options = ListOptions.parse({"resourceVersion": [value], "watch": ["1"]})
+    assert options.resource_version == (canonical or value)
