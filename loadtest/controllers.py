@@ -32,9 +32,7 @@ Times come from the lines' own klog timestamps, so the polling interval does not
 from __future__ import annotations
 
 import datetime
-import os
 import re
-import signal
 import subprocess
 import time
 from collections.abc import Sequence
@@ -42,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from loadtest import processes
 from loadtest.cluster import CONTROLLER_MANAGER_BURST, CONTROLLER_MANAGER_QPS
 
 TEST_CONTROLLERS = (
@@ -355,20 +354,11 @@ class ControllerManager:
     def stop(self, timeout: float = 20) -> int:
         """SIGTERM (controllers shut down, a held lease may be released), SIGKILL after
         ``timeout``."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
+        return processes.stop(self.process, timeout=timeout)
 
     def kill(self) -> None:
-        """kill -9, as in a crash."""
-        if self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+        """kill -9: no chance to clean up, as in a crash."""
+        processes.kill(self.process)
 
     @property
     def running(self) -> bool:

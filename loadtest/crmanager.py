@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loadtest import goclient
+from loadtest import goclient, processes
 
 SOURCE = Path(__file__).resolve().parents[1] / "tests" / "crmanager"
 
@@ -121,14 +121,7 @@ class ControllerProcess:
 
     def stop(self, timeout: float = 20) -> int:
         """SIGTERM (both programs shut down gracefully on it), then SIGKILL after ``timeout``."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
+        return processes.stop(self.process, timeout=timeout)
 
 
 def start_manager(

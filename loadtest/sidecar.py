@@ -8,8 +8,6 @@ sidecar.stop()          # SIGTERM (graceful); sidecar.kill() is kill -9
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
 import subprocess
 import sys
@@ -20,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from loadtest import processes
 from loadtest.kubeapi import kubeconfig_for
 
 READY_TIMEOUT = 180.0
@@ -154,20 +153,12 @@ class Sidecar:
         return total
 
     def stop(self, timeout: float = 30) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
+        """SIGTERM (graceful), SIGKILL after ``timeout``; the exit code."""
+        return processes.stop(self.process, timeout=timeout)
 
     def kill(self) -> None:
         """kill -9: no chance to clean up, as in a crash."""
-        if self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+        processes.kill(self.process)
 
     def rss_bytes(self) -> int:
         for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():

@@ -36,6 +36,7 @@ from proxy.upstream.resilience import (
 )
 from proxy.upstream.syncing import Syncer, SyncSettings
 from tests.unit.upstream.conftest import token_kubeconfig
+from tests.unit.upstream.test_reflecting import status
 
 CONFIGMAPS = GroupVersionResource.parse("v1/configmaps")
 
@@ -49,19 +50,6 @@ def cm(namespace: str, name: str, rv: int) -> dict[str, Any]:
         "kind": "ConfigMap",
         "apiVersion": "v1",
         "metadata": {"name": name, "namespace": namespace, "resourceVersion": str(rv)},
-    }
-
-
-def status(code: int) -> dict[str, Any]:
-    reason = {403: "Forbidden", 404: "NotFound"}.get(code, "InternalError")
-    return {
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": reason,
-        "reason": reason,
-        "code": code,
     }
 
 
@@ -96,7 +84,8 @@ class Apiserver:
         namespace = request.match_info["namespace"]
         if namespace in self.denied:
             code = self.denied[namespace]
-            return web.json_response(status(code), status=code)
+            reason = {403: "Forbidden", 404: "NotFound"}.get(code, "InternalError")
+            return web.json_response(status(code, reason), status=code)
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
         queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
         self.queues[namespace].append(queue)
