@@ -67,6 +67,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import random
@@ -668,14 +669,27 @@ class GoInformer:
     """One Go informer program for one resource; its stdout and klog output in one stream."""
 
     def __init__(
-        self, *, binary: Path, kubeconfig: Path, resource: Resource, watch_list: bool, log: Path
+        self,
+        *,
+        binary: Path,
+        kubeconfig: Path,
+        resource: Resource,
+        watch_list: bool,
+        log: Path,
+        protobuf: bool = False,
     ) -> None:
         self.binary = binary
         self.kubeconfig = kubeconfig
         self.resource = resource
         self.watch_list = watch_list
+        self.protobuf = protobuf
+        """A typed informer in protobuf (kube-controller-manager's kind), served by warmwatch's
+        protobuf shape; otherwise a dynamic informer in JSON."""
         self.log_path = log
-        self.name = f"go-{resource.name}-{'watchlist' if watch_list else 'list'}"
+        encoding = "protobuf-" if protobuf else ""
+        self.name = f"go-{resource.name}-{encoding}{'watchlist' if watch_list else 'list'}"
+        self.shape = f"{resource.flag};protobuf" if protobuf else resource.flag
+        """The identity of the warmwatch shape that serves it."""
         self.records: list[dict[str, Any]] = []
         self.condition = threading.Condition()
         self.process: subprocess.Popen[str] | None = None
@@ -688,6 +702,7 @@ class GoInformer:
                 str(self.binary),
                 f"--kubeconfig={self.kubeconfig}",
                 f"--resource={self.resource.flag}",
+                *(["--mode=typed", "--protobuf"] if self.protobuf else []),
                 "-v=3",
             ],
             stdin=subprocess.PIPE,
@@ -1209,7 +1224,7 @@ class Driver:
                 Sidecar.start,
                 upstream_kubeconfig=plane.admin_kubeconfig,
                 db=db,
-                resources=[r.flag for r in RESOURCES],
+                resources=[r.flag for r in RESOURCES] + [f"{CONFIGMAPS.flag};protobuf"],
                 extra=[
                     f"--retention-events={options.retention_events}",
                     "--bookmark-interval=2",
@@ -1232,13 +1247,16 @@ class Driver:
                 if options.go_clients:
                     binary = await asyncio.to_thread(goclient.build)
                     for resource in RESOURCES:
-                        for watch_list in (False, True):
+                        encodings = (False, True) if resource is CONFIGMAPS else (False,)
+                        for protobuf, watch_list in itertools.product(encodings, (False, True)):
                             informer = GoInformer(
                                 binary=binary,
                                 kubeconfig=sidecar.kubeconfig,
                                 resource=resource,
                                 watch_list=watch_list,
-                                log=self.directory / f"go-{resource.name}-{watch_list}.log",
+                                protobuf=protobuf,
+                                log=self.directory
+                                / f"go-{resource.name}-{protobuf}-{watch_list}.log",
                             )
                             informer.start()
                             go.append(informer)
@@ -1310,14 +1328,21 @@ class Driver:
                         ClientLog(
                             name=informer.name,
                             observations=[],
-                            shape=resource.flag,
+                            shape=informer.shape,
                             final=go_finals[informer.name],
                         )
                     )
             runs[resource.name] = Run(
                 reference=histories[resource.name].reference(),
                 clients=logs,
-                relists=cache.relists_of(resource.flag),
+                relists=[
+                    *cache.relists_of(resource.flag),
+                    *(
+                        cache.relists_of(f"{resource.flag};protobuf")
+                        if resource is CONFIGMAPS
+                        else []
+                    ),
+                ],
                 apiserver_final=finals[resource.name],
                 faults=faults,
             )
@@ -1332,7 +1357,7 @@ class Driver:
         go_events = 0
         go_relists: dict[str, int] = {}
         for informer in go:
-            relist_rvs = frozenset(r.rv for r in cache.relists_of(informer.resource.flag))
+            relist_rvs = frozenset(r.rv for r in cache.relists_of(informer.shape))
             found, events, relists = informer.check(relist_rvs)
             go_violations += found
             go_events += events
