@@ -62,13 +62,22 @@ class GoClient:
         resources: Sequence[str],
         watch_list: bool | None = None,
         mode: str = "informer",
+        protobuf: bool = False,
+        object_digest: bool = False,
         extra: Sequence[str] = (),
     ) -> GoClient:
+        """``protobuf``: the typed/metadata clients' rest.Config asks for protobuf, as
+        kube-controller-manager's does; ``object_digest``: digests also hash whole objects."""
         env = dict(os.environ)
         env.pop("KUBE_FEATURE_WatchListClient", None)
         if watch_list is not None:
             env["KUBE_FEATURE_WatchListClient"] = "true" if watch_list else "false"
-        argv = [str(binary), f"--kubeconfig={kubeconfig}", f"--mode={mode}", *extra]
+        argv = [str(binary), f"--kubeconfig={kubeconfig}", f"--mode={mode}"]
+        if protobuf:
+            argv.append("--protobuf")
+        if object_digest:
+            argv.append("--object-digest")
+        argv += extra
         argv += [f"--resource={r}" for r in resources]
         process = subprocess.Popen(
             argv,
@@ -132,6 +141,27 @@ class GoClient:
         )
         return {x["resource"]: x for x in lines[seen:] if x["kind"] == "digest"}
 
+    def dump(self, *, timeout: float = 60) -> dict[tuple[str, str, str], dict[str, Any]]:
+        """Every informer's objects, whole, as the program holds them:
+        (resource, namespace, name) -> object."""
+        with self.condition:
+            seen = len(self.lines)
+        assert self.process.stdin is not None
+        self.process.stdin.write("dump\n")
+        self.process.stdin.flush()
+        lines = self.wait_for(
+            lambda ls: any(x["kind"] == "dumped" for x in ls[seen:]), timeout=timeout
+        )
+        return {
+            (x["resource"], x["namespace"], x["name"]): x["object"]
+            for x in lines[seen:]
+            if x["kind"] == "object"
+        }
+
+    def start_line(self, *, timeout: float = 60) -> dict[str, Any]:
+        lines = self.wait_for(lambda ls: any(x["kind"] == "start" for x in ls), timeout=timeout)
+        return next(x for x in lines if x["kind"] == "start")
+
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.terminate()
@@ -140,3 +170,34 @@ class GoClient:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+
+
+def fidelity(
+    binary: Path,
+    *,
+    kubeconfig: Path,
+    other_kubeconfig: Path,
+    resources: Sequence[str],
+    checks: Sequence[str] = ("list", "watchlist", "metadata-list"),
+    extra: Sequence[str] = (),
+    timeout: float = 120,
+) -> list[dict[str, Any]]:
+    """Run the program's fidelity mode: the same protobuf LIST / WatchList / metadata LIST
+    from both servers, compared; one ``{"kind":"fidelity",...}`` line per resource and check
+    (tests/goclient/README.md)."""
+    argv = [
+        str(binary),
+        "--mode=fidelity",
+        f"--kubeconfig={kubeconfig}",
+        f"--other-kubeconfig={other_kubeconfig}",
+        f"--checks={','.join(checks)}",
+        *(f"--resource={r}" for r in resources),
+        *extra,
+    ]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    if done.returncode not in (0, 1) or not lines or lines[-1]["kind"] != "exit":
+        raise RuntimeError(
+            f"goclient fidelity exited {done.returncode}: {done.stdout}{done.stderr}"
+        )
+    return [x for x in lines if x["kind"] == "fidelity"]

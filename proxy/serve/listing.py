@@ -86,7 +86,7 @@ async def _json_list(
     sent = len(head)
     separator = b"["
     async for rows in snapshot.rows:
-        items = [renderer.object(raw) for _, _, _, raw in _admitted(view, rows)]
+        items = [renderer.list_item(raw) for _, _, _, raw in _admitted(view, rows)]
         if items:
             chunk = separator + b",".join(items)
             separator = b","

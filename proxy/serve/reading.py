@@ -98,6 +98,7 @@ async def read_collection(
         metadata_only=negotiated.representation is Representation.METADATA,
         kind=shape.kind,
         api_version=shape.api_version,
+        untyped_list_items=protobuf_ok,
     )
     view = Filter()
     if wanted.needs_filter(shape.key):

@@ -7,7 +7,7 @@ is ``{"kind":K,"apiVersion":V,"metadata":{"resourceVersion":RV},"items":[...]}\\
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -86,6 +86,14 @@ class Renderer:
     metadata_only: bool
     kind: str
     api_version: str
+    untyped_list_items: bool = False
+    """The items of a full JSON list omit ``kind`` and ``apiVersion``, as the apiserver's do
+    for built-in types (its typed lists); custom resources' items keep them."""
+    _typed_prefix: bytes = field(init=False, repr=False, default=b"")
+
+    def __post_init__(self) -> None:
+        prefix = b'{"kind":' + orjson.dumps(self.kind) + b',"apiVersion":'
+        object.__setattr__(self, "_typed_prefix", prefix + orjson.dumps(self.api_version) + b",")
 
     @property
     def object_kind(self) -> str:
@@ -117,6 +125,15 @@ class Renderer:
         if self.encoding is Encoding.PROTOBUF:
             return protobuf.partial_object_metadata(raw)
         return partial_metadata(raw)
+
+    def list_item(self, raw: bytes) -> bytes:
+        """A stored object as an item of a JSON list. Stored objects carry ``kind`` and
+        ``apiVersion`` first (watch events need them), as ``{"kind":K,"apiVersion":V,``;
+        where the apiserver's items omit them, that prefix is cut."""
+        if self.metadata_only or not self.untyped_list_items:
+            return self.object(raw)
+        prefix = self._typed_prefix
+        return b"{" + raw[len(prefix) :] if raw.startswith(prefix) else raw
 
     def single(self, raw: bytes) -> bytes:
         """A stored object as the whole answer to a GET (enveloped, for protobuf)."""

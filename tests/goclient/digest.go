@@ -136,3 +136,28 @@ func canonicalJSON(o interface{}) []byte {
 	}
 	return b
 }
+
+// objectLine is one {"kind":"object",...} line of a dump: an informer's object whole, as
+// canonicalJSON renders it (what --object-digest hashes).
+type objectLine struct {
+	Kind      string          `json:"kind"`
+	Resource  string          `json:"resource"`
+	Namespace string          `json:"namespace"`
+	Name      string          `json:"name"`
+	Object    json.RawMessage `json:"object"`
+}
+
+// objectLines: the store's objects sorted as in a digest.
+func objectLines(resource string, objs []interface{}) []objectLine {
+	items := itemsFromObjects(objs, true)
+	sortItems(items)
+	out := make([]objectLine, len(items))
+	for i, it := range items {
+		obj := it.object
+		if !json.Valid(obj) {
+			obj, _ = json.Marshal(string(obj))
+		}
+		out[i] = objectLine{Kind: "object", Resource: resource, Namespace: it.Namespace, Name: it.Name, Object: obj}
+	}
+	return out
+}

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -62,8 +63,8 @@ type sideReport struct {
 	Status      int    `json:"status"`
 	ContentType string `json:"contentType"`
 	Error       string `json:"error,omitempty"`
-	// The envelope's type: the list's, or for a watch the WatchEvent frame's
-	// ("<apiVersion> <kind>") and the objects' inside it.
+	// The envelope's type: the list's ("<apiVersion> <kind>"), or for a watch the event
+	// types of its WatchEvent frames and the envelopes of the ADDED objects inside them.
 	Envelope       string `json:"envelope,omitempty"`
 	ObjectEnvelope string `json:"objectEnvelope,omitempty"`
 	// RV: the list's resourceVersion, or the initial-events-end bookmark's.
@@ -72,6 +73,7 @@ type sideReport struct {
 	Bytes int    `json:"bytes"`
 	// Watch only: the bookmark's annotations, and other bookmarks seen before it.
 	BookmarkAnnotations map[string]string `json:"bookmarkAnnotations,omitempty"`
+	BookmarkRaw         string            `json:"bookmarkRaw,omitempty"` // hex of its message bytes
 	OtherBookmarks      int               `json:"otherBookmarks,omitempty"`
 }
 
@@ -94,9 +96,14 @@ type fidelityLine struct {
 	// the resourceVersion (continue, remainingItemCount), the bookmark apart from its RV.
 	EnvelopeEqual bool `json:"envelopeEqual"`
 	// SameOrder: items in the same order (informational: clients do not depend on it).
-	SameOrder   bool     `json:"sameOrder"`
-	OK          bool     `json:"ok"`
-	Differences []string `json:"differences,omitempty"`
+	SameOrder bool `json:"sameOrder"`
+	// BookmarkEqual (watchlist only, not part of OK): the initial-events-end bookmark objects
+	// decode equal once their resourceVersions are cleared. client-go reads only their RV and
+	// annotation; the apiserver's carry its conversion's defaults (e.g. a Deployment's
+	// spec.replicas=0).
+	BookmarkEqual *bool    `json:"bookmarkEqual,omitempty"`
+	OK            bool     `json:"ok"`
+	Differences   []string `json:"differences,omitempty"`
 }
 
 // fetchedItem is one object of an answer: its key, its own protobuf message bytes (no
@@ -197,7 +204,10 @@ func (c *fidelityChecker) fetch(srv server, spec resourceSpec, check string) *fe
 	if check == "metadata-list" {
 		accept = acceptMetadataProtobuf
 	}
-	u := srv.base + collectionPath(spec) + "?" + c.query(check == "watchlist")
+	u := srv.base + collectionPath(spec)
+	if q := c.query(check == "watchlist"); q != "" {
+		u += "?" + q
+	}
 	f := &fetched{report: sideReport{URL: u}}
 	ctx, cancel := context.WithTimeout(context.Background(), c.timeout+10*time.Second)
 	defer cancel()
@@ -358,10 +368,10 @@ func readFrame(r io.Reader) ([]byte, error) {
 
 // parseWatchList reads ADDED events until the initial-events-end bookmark.
 func (c *fidelityChecker) parseWatchList(body io.Reader, f *fetched) {
-	frameEnvelopes := map[string]bool{}
+	frameEnvelopes := map[string]bool{} // event types seen
 	objectEnvelopes := map[string]bool{}
 	defer func() {
-		f.report.Envelope = strings.Join(slices.Sorted(maps.Keys(frameEnvelopes)), "; ")
+		f.report.Envelope = "WatchEvent " + strings.Join(slices.Sorted(maps.Keys(frameEnvelopes)), ",")
 		f.report.ObjectEnvelope = strings.Join(slices.Sorted(maps.Keys(objectEnvelopes)), "; ")
 		f.envelopeFacts = append(f.envelopeFacts, "frames "+f.report.Envelope, "objects "+f.report.ObjectEnvelope)
 	}()
@@ -375,17 +385,18 @@ func (c *fidelityChecker) parseWatchList(body io.Reader, f *fetched) {
 			return
 		}
 		f.report.Bytes += 4 + len(frame)
-		outer, err := unwrap(frame)
-		if err != nil {
-			f.problems = append(f.problems, "watch frame: "+err.Error())
+		// A frame is a bare metav1.WatchEvent message (client-go's stream serializer is
+		// protobuf.RawSerializer); its object is enveloped (magic + runtime.Unknown).
+		if bytes.HasPrefix(frame, protobufMagic) {
+			f.problems = append(f.problems, "watch frame: enveloped (starts with the protobuf magic), want a bare WatchEvent message")
 			return
 		}
-		frameEnvelopes[envelopeText(outer)] = true
 		var event metav1.WatchEvent
-		if err := event.Unmarshal(outer.Raw); err != nil {
+		if err := event.Unmarshal(frame); err != nil {
 			f.problems = append(f.problems, "watch frame: metav1.WatchEvent: "+err.Error())
 			return
 		}
+		frameEnvelopes[event.Type] = true
 		inner, err := unwrap(event.Object.Raw)
 		if err != nil {
 			f.problems = append(f.problems, fmt.Sprintf("watch %s event object: %v", event.Type, err))
@@ -417,6 +428,7 @@ func (c *fidelityChecker) parseWatchList(body io.Reader, f *fetched) {
 			}
 			f.report.RV = m.GetResourceVersion()
 			f.report.BookmarkAnnotations = m.GetAnnotations()
+			f.report.BookmarkRaw = hex.EncodeToString(inner.Raw)
 			f.envelopeFacts = append(f.envelopeFacts, "bookmark envelope "+envelopeText(inner), fmt.Sprintf("bookmark decoded %T", decoded))
 			m.SetResourceVersion("")
 			f.bookmark = decoded
@@ -471,9 +483,10 @@ func compareFetched(line *fidelityLine, a, b *fetched) {
 		note("envelope: a %q, b %q", a.envelopeFacts, b.envelopeFacts)
 	}
 	if healthy && (a.bookmark != nil || b.bookmark != nil) {
-		if a.bookmark == nil || b.bookmark == nil || !reflect.DeepEqual(a.bookmark, b.bookmark) {
-			line.EnvelopeEqual = false
-			note("initial-events-end bookmark (RV aside) differs: %s", diff.Diff(a.bookmark, b.bookmark))
+		equal := a.bookmark != nil && b.bookmark != nil && reflect.DeepEqual(a.bookmark, b.bookmark)
+		line.BookmarkEqual = &equal
+		if !equal {
+			note("initial-events-end bookmark (RV aside) differs (a -, b +):\n%s", diff.Diff(a.bookmark, b.bookmark))
 		}
 	}
 

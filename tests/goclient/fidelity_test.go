@@ -26,6 +26,8 @@ type fakeServer struct {
 	// bookmarkAnnotation: false drops the initial-events-end annotation.
 	noBookmarkAnnotation bool
 	jsonMetadata         bool // answer the metadata LIST in JSON
+	envelopedFrames      bool // watch frames as enveloped WatchEvents (the apiserver's are bare)
+	bookmarkData         map[string]string
 }
 
 func envelope(t *testing.T, apiVersion, kind string, raw []byte) []byte {
@@ -94,16 +96,18 @@ func (f *fakeServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			if err != nil {
 				f.t.Fatal(err)
 			}
-			data := envelope(f.t, "v1", "WatchEvent", ev)
+			if f.envelopedFrames {
+				ev = envelope(f.t, "v1", "WatchEvent", ev)
+			}
 			var n [4]byte
-			binary.BigEndian.PutUint32(n[:], uint32(len(data)))
+			binary.BigEndian.PutUint32(n[:], uint32(len(ev)))
 			_, _ = w.Write(n[:])
-			_, _ = w.Write(data)
+			_, _ = w.Write(ev)
 		}
 		for _, raw := range f.items(false) {
 			frame("ADDED", envelope(f.t, "v1", "ConfigMap", raw))
 		}
-		bm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{ResourceVersion: f.listRV}}
+		bm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{ResourceVersion: f.listRV}, Data: f.bookmarkData}
 		if !f.noBookmarkAnnotation {
 			bm.Annotations = map[string]string{metav1.InitialEventsAnnotationKey: "true"}
 		}
@@ -173,7 +177,13 @@ func TestFidelityEqualServersDifferOnlyInListRV(t *testing.T) {
 	if l := lines["metadata-list"]; l.A.Envelope != "meta.k8s.io/v1 PartialObjectMetadataList" {
 		t.Errorf("metadata envelope: %+v", l.A)
 	}
-	if l := lines["watchlist"]; !strings.HasPrefix(l.A.Envelope, "v1 WatchEvent") || l.A.BookmarkAnnotations[metav1.InitialEventsAnnotationKey] != "true" {
+	if l := lines["watchlist"]; l.BookmarkEqual == nil || !*l.BookmarkEqual || l.A.BookmarkRaw == "" || l.A.BookmarkRaw == l.B.BookmarkRaw {
+		t.Errorf("watchlist bookmark: equal %v, raw %q vs %q (RVs differ)", l.BookmarkEqual, l.A.BookmarkRaw, l.B.BookmarkRaw)
+	}
+	if l := lines["list"]; l.BookmarkEqual != nil {
+		t.Errorf("list: bookmarkEqual %v", *l.BookmarkEqual)
+	}
+	if l := lines["watchlist"]; l.A.Envelope != "WatchEvent ADDED,BOOKMARK" || l.A.ObjectEnvelope != `v1 ConfigMap encoding="" contentType=""` || l.A.BookmarkAnnotations[metav1.InitialEventsAnnotationKey] != "true" {
 		t.Errorf("watchlist: %+v", l.A)
 	}
 }
@@ -199,6 +209,16 @@ func TestFidelityFindsRawDifferencesDecodingHides(t *testing.T) {
 	}
 	if !lines["metadata-list"].OK {
 		t.Errorf("metadata-list: %+v", lines["metadata-list"])
+	}
+}
+
+func TestFidelityReportsBookmarkDifferencesApart(t *testing.T) {
+	b := newFake(t, "100")
+	b.bookmarkData = map[string]string{"x": "y"}
+	l := compareServers(t, newFake(t, "100"), b)["watchlist"]
+	if !l.OK || l.BookmarkEqual == nil || *l.BookmarkEqual || len(l.Differences) != 1 ||
+		!strings.Contains(l.Differences[0], "initial-events-end bookmark (RV aside) differs") || !strings.Contains(l.Differences[0], `+  "x": "y"`) {
+		t.Errorf("%+v", l)
 	}
 }
 
@@ -232,7 +252,7 @@ func TestFidelityFindsEnvelopeDifferences(t *testing.T) {
 	spec, _ := parseResourceSpec("v1/configmaps@ns")
 	c := newFidelityChecker(time.Second, "", "")
 	for check, want := range map[string]string{
-		"metadata-list": `b: metadata-list: not a protobuf message (starts "{\"kind\":\"PartialOb")`,
+		"metadata-list": `b: metadata-list: not a protobuf message (starts "{\"kind\":\"Partial")`,
 		"watchlist":     "b: watch: stream ended before the initial-events-end bookmark",
 	} {
 		fa := c.fetch(server{base: sa.URL, hc: sa.Client()}, spec, check)
@@ -246,6 +266,18 @@ func TestFidelityFindsEnvelopeDifferences(t *testing.T) {
 			// the bookmark without the annotation is counted, not taken as the end
 			t.Errorf("watchlist b: %+v", fb.report)
 		}
+	}
+
+	e := newFake(t, "100")
+	e.envelopedFrames = true
+	se := httptest.NewServer(e)
+	defer se.Close()
+	fa := c.fetch(server{base: sa.URL, hc: sa.Client()}, spec, "watchlist")
+	fe := c.fetch(server{base: se.URL, hc: se.Client()}, spec, "watchlist")
+	line := fidelityLine{}
+	compareFetched(&line, fa, fe)
+	if line.OK || len(line.Differences) == 0 || !strings.Contains(line.Differences[0], "b: watch frame: enveloped") {
+		t.Errorf("enveloped frames: %+v", line)
 	}
 }
 

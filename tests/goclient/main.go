@@ -52,6 +52,7 @@ type options struct {
 	qps           float64
 	burst         int
 	protobuf      bool
+	json          bool
 	objectDigest  bool
 	// fidelity mode
 	otherKubeconfig string
@@ -82,10 +83,11 @@ func main() {
 	fs.DurationVar(&o.duration, "duration", 0, "exit (after the final digest) after this long (0 = run until signalled)")
 	fs.BoolVar(&o.exitOnSync, "exit-on-sync", false, "exit (after the final digest) once every informer has synced")
 	fs.BoolVar(&o.noItems, "no-items", false, "omit the items array from digest lines")
-	fs.BoolVar(&o.noDiscovery, "no-discovery", false, "do not check resources against discovery at start (informer and metadata modes)")
+	fs.BoolVar(&o.noDiscovery, "no-discovery", false, "do not check resources against discovery at start")
 	fs.Float64Var(&o.qps, "qps", 1000, "client QPS")
 	fs.IntVar(&o.burst, "burst", 2000, "client burst")
 	fs.BoolVar(&o.protobuf, "protobuf", false, "typed and metadata modes: rest.Config ContentType/AcceptContentTypes protobuf, as kube-controller-manager")
+	fs.BoolVar(&o.json, "json", false, "typed mode: rest.Config ContentType application/json (client-go 1.37's typed clients default to protobuf)")
 	fs.BoolVar(&o.objectDigest, "object-digest", false, "digest lines also hash every whole object (objects, objectHashes)")
 	fs.StringVar(&o.otherKubeconfig, "other-kubeconfig", "", "fidelity mode: the second server's kubeconfig (compared with --kubeconfig's)")
 	fs.StringVar(&o.otherContext, "other-context", "", "fidelity mode: context in --other-kubeconfig")
@@ -120,6 +122,9 @@ func run(o options) int {
 		}
 	case "typed", "metadata":
 	case "fidelity":
+		if o.protobuf || o.json {
+			fail("--protobuf/--json: fidelity mode always reads protobuf")
+		}
 		if o.otherKubeconfig == "" {
 			fail("--mode fidelity needs --other-kubeconfig")
 		}
@@ -133,6 +138,12 @@ func run(o options) int {
 		}
 	default:
 		fail("--mode %q: want informer, typed, metadata, controller-runtime or fidelity", o.mode)
+	}
+	if o.protobuf && o.json {
+		fail("--protobuf and --json exclude each other")
+	}
+	if o.json && o.mode != "typed" {
+		fail("--json: only typed mode has a choice (unstructured clients always read JSON, the metadata client always asks protobuf first)")
 	}
 	if len(o.resources) == 0 {
 		fail("at least one --resource is required")
@@ -166,6 +177,9 @@ func run(o options) int {
 	cfg.UserAgent = "warmwatch-goclient/" + o.mode + " " + rest.DefaultKubernetesUserAgent()
 	if o.protobuf {
 		useProtobuf(cfg)
+	}
+	if o.json {
+		useJSON(cfg)
 	}
 	if o.mode == "fidelity" {
 		return fidelityMain(o, cfg, specs)
@@ -218,7 +232,7 @@ func run(o options) int {
 	}
 
 	names := specNames(specs)
-	out.emit(startLine{Kind: "start", WatchList: watchList, Mode: o.mode, Resources: names, LabelSelector: o.labelSelector, Protobuf: o.protobuf, ObjectDigest: o.objectDigest})
+	out.emit(startLine{Kind: "start", WatchList: watchList, Mode: o.mode, Resources: names, LabelSelector: o.labelSelector, Protobuf: o.protobuf, JSON: o.json, ObjectDigest: o.objectDigest})
 
 	// digestMu serialises digest sets, and the final one holds it until exit,
 	// so no digest line follows {"kind":"exit"}.
@@ -263,6 +277,15 @@ func run(o options) int {
 			case "digest":
 				digestMu.Lock()
 				emitDigests()
+				digestMu.Unlock()
+			case "dump":
+				digestMu.Lock()
+				for _, w := range ws {
+					for _, line := range objectLines(w.spec.Spec, w.list()) {
+						out.emit(line)
+					}
+				}
+				out.emit(kindLine{Kind: "dumped"})
 				digestMu.Unlock()
 			case "exit":
 				close(stdinExit)

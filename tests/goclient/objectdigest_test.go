@@ -63,3 +63,17 @@ func TestObjectDigestHashesWholeObjectsInDigestOrder(t *testing.T) {
 		t.Errorf("empty: %s", empty)
 	}
 }
+
+func TestObjectLines(t *testing.T) {
+	x := configMap("ns", "x", "5", map[string]string{"k": "v"})
+	a := configMap("ns", "a", "6", nil)
+	lines := objectLines("v1/configmaps", []interface{}{x, a})
+	b, _ := json.Marshal(lines)
+	ax, _ := json.Marshal(a)
+	xx, _ := json.Marshal(x)
+	want := `[{"kind":"object","resource":"v1/configmaps","namespace":"ns","name":"a","object":` + string(ax) +
+		`},{"kind":"object","resource":"v1/configmaps","namespace":"ns","name":"x","object":` + string(xx) + `}]`
+	if string(b) != want {
+		t.Errorf("got  %s\nwant %s", b, want)
+	}
+}

@@ -39,6 +39,7 @@ type startLine struct {
 	Resources     []string `json:"resources"`
 	LabelSelector string   `json:"labelSelector,omitempty"`
 	Protobuf      bool     `json:"protobuf,omitempty"`
+	JSON          bool     `json:"json,omitempty"`
 	ObjectDigest  bool     `json:"objectDigest,omitempty"`
 }
 

@@ -19,6 +19,11 @@ const (
 
 // useProtobuf makes cfg's typed clients send and prefer protobuf.
 //
+// client-go 1.37's typed clients for built-in types already default to exactly this when
+// the config names no content type (gentype.PrefersProtobuf, rest.Request.UseProtobufAsDefault),
+// so on the wire --protobuf equals the default; it is set explicitly here, as
+// kube-controller-manager sets it. --json (useJSON) is the way to a JSON typed client.
+//
 // Only typed clients (kubernetes.Clientset) are affected: client-go's dynamic client
 // (informer and controller-runtime modes) always speaks JSON, and its metadata client always
 // sends, whatever the config says, the Accept header
@@ -28,6 +33,12 @@ const (
 func useProtobuf(cfg *rest.Config) {
 	cfg.ContentType = protobufContentType
 	cfg.AcceptContentTypes = protobufAccept
+}
+
+// useJSON makes cfg's typed clients speak JSON ("Accept: application/json, */*").
+func useJSON(cfg *rest.Config) {
+	cfg.ContentType = "application/json"
+	cfg.AcceptContentTypes = ""
 }
 
 // setupTyped: client-go typed shared informer factories (kubernetes.Clientset), one per

@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
 )
 
 // recorder is an apiserver that answers every request 500 and remembers its Accept header.
@@ -33,8 +34,8 @@ func (r *recorder) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	http.Error(w, "no", http.StatusInternalServerError)
 }
 
-// acceptsOf issues one LIST and one WATCH of configmaps with the client built by newClient.
-func acceptsOf(t *testing.T, protobuf bool, list, watch func(cfg *rest.Config) error) map[string]string {
+// acceptsOf issues one LIST and one WATCH of configmaps with the given client calls.
+func acceptsOf(t *testing.T, protobuf, json bool, list, watch func(cfg *rest.Config) error) map[string]string {
 	t.Helper()
 	rec := &recorder{accepts: map[string]string{}}
 	srv := httptest.NewServer(rec)
@@ -42,6 +43,9 @@ func acceptsOf(t *testing.T, protobuf bool, list, watch func(cfg *rest.Config) e
 	cfg := &rest.Config{Host: srv.URL}
 	if protobuf {
 		useProtobuf(cfg)
+	}
+	if json {
+		useJSON(cfg)
 	}
 	_ = list(cfg)
 	_ = watch(cfg)
@@ -53,8 +57,8 @@ var configMaps = schema.GroupVersionResource{Version: "v1", Resource: "configmap
 func TestProtobufAcceptHeaders(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	typed := func(protobuf bool) map[string]string {
-		return acceptsOf(t, protobuf, func(cfg *rest.Config) error {
+	typed := func(protobuf, json bool) map[string]string {
+		return acceptsOf(t, protobuf, json, func(cfg *rest.Config) error {
 			cs, err := kubernetes.NewForConfig(cfg)
 			if err != nil {
 				t.Fatal(err)
@@ -68,7 +72,7 @@ func TestProtobufAcceptHeaders(t *testing.T) {
 		})
 	}
 	metadataClient := func(protobuf bool) map[string]string {
-		return acceptsOf(t, protobuf, func(cfg *rest.Config) error {
+		return acceptsOf(t, protobuf, false, func(cfg *rest.Config) error {
 			mc, err := metadata.NewForConfig(cfg)
 			if err != nil {
 				t.Fatal(err)
@@ -82,12 +86,16 @@ func TestProtobufAcceptHeaders(t *testing.T) {
 		})
 	}
 
-	// Typed clients: exactly kube-controller-manager's header with --protobuf, JSON without.
-	if got := typed(true); got["LIST"] != protobufAccept || got["WATCH"] != protobufAccept {
+	// Typed clients: exactly kube-controller-manager's header with --protobuf, and (client-go
+	// 1.37) by default too; JSON only when asked for.
+	if got := typed(true, false); got["LIST"] != protobufAccept || got["WATCH"] != protobufAccept {
 		t.Errorf("typed --protobuf: %v, want %q", got, protobufAccept)
 	}
-	if got := typed(false); got["LIST"] != "application/json" || got["WATCH"] != "application/json" {
-		t.Errorf("typed: %v, want application/json", got)
+	if got := typed(false, false); got["LIST"] != protobufAccept || got["WATCH"] != protobufAccept {
+		t.Errorf("typed (default): %v, want %q", got, protobufAccept)
+	}
+	if got := typed(false, true); got["LIST"] != "application/json, */*" || got["WATCH"] != "application/json, */*" {
+		t.Errorf("typed --json: %v, want application/json, */*", got)
 	}
 
 	// The metadata client sends its protobuf-first PartialObjectMetadata[List] header
@@ -98,5 +106,31 @@ func TestProtobufAcceptHeaders(t *testing.T) {
 		if got := metadataClient(protobuf); got["LIST"] != wantList || got["WATCH"] != wantWatch {
 			t.Errorf("metadata (protobuf=%v): %v, want LIST %q WATCH %q", protobuf, got, wantList, wantWatch)
 		}
+	}
+}
+
+func TestSetupTypedKnowsBuiltInResourcesOnly(t *testing.T) {
+	cfg := &rest.Config{Host: "http://127.0.0.1:1"}
+	hc, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	handler := func(string) toolscache.ResourceEventHandler { return toolscache.ResourceEventHandlerFuncs{} }
+	spec := func(s string) resourceSpec {
+		r, err := parseResourceSpec(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	ws, _, err := setupTyped(setupParams{cfg: cfg, hc: hc, handlerFor: handler, specs: []resourceSpec{
+		spec("v1/configmaps@a"), spec("apps/v1/deployments"), spec("v1/pods@a"),
+	}})
+	if err != nil || len(ws) != 3 {
+		t.Fatalf("built-in resources: %v, %d informers", err, len(ws))
+	}
+	_, _, err = setupTyped(setupParams{cfg: cfg, hc: hc, handlerFor: handler, specs: []resourceSpec{spec("example.com/v1/widgets")}})
+	if err == nil || !strings.Contains(err.Error(), "built-in resources only") {
+		t.Errorf("a custom resource: %v", err)
 	}
 }
