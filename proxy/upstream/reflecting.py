@@ -60,6 +60,13 @@ class ReflectorSettings:
     """Upstream watches end after a random 5-10 minutes, as client-go's do, so a connection
     that went silently bad is replaced and load balancers see fresh connections."""
     watch_timeout_max: float = 600.0
+    idle_timeout: float = 120.0
+    """An upstream watch that delivers nothing for this long is taken for dead and replaced.
+    Bookmarks are requested, and the apiserver sends every such watch one about once a
+    minute (its watch cache's bookmark frequency) even when nothing changes: two minutes of
+    silence mean a dead connection (the apiserver's node gone without a reset, a dropped
+    NAT entry), not a quiet collection. TCP keepalive (``ConnectionSettings``) catches the
+    same at the socket level."""
     stage_batch: int = 1000
     """Objects committed per staging transaction during a fill."""
     watch_list: bool = True
@@ -371,6 +378,7 @@ class Reflector:
             "GET",
             (self.path, params),
             stream=True,
+            timeout=self.settings.idle_timeout,
             headers={"Accept": self.codec.accept},
             verb="WATCH",
         ) as response:

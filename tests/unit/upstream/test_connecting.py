@@ -537,3 +537,19 @@ async def test_failing_sidecar_credentials_give_500_status(
     finally:
         await proxy.served.stop()
         await upstream.close()
+
+
+def test_upstream_sockets_have_tcp_keepalive() -> None:
+    """A quiet upstream connection to a peer that vanished without a reset is noticed."""
+    import socket
+
+    from proxy.upstream.connecting import _keepalive_socket
+
+    info = socket.getaddrinfo("127.0.0.1", 443, type=socket.SOCK_STREAM)[0]
+    sock = _keepalive_socket(info, idle=30)
+    try:
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 30
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT) == 3
+    finally:
+        sock.close()

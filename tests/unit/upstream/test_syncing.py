@@ -146,12 +146,16 @@ async def world(tmp_path: Path) -> AsyncIterator[tuple[Apiserver, Store, Metrics
     store = await Store.open(StoreSettings(path=tmp_path / "cache.db"), metrics=metrics)
     syncers: list[Syncer] = []
 
-    async def make(*, limit: int = 3, configured: tuple[ShapeKey, ...] = ()) -> Syncer:
+    async def make(
+        *, limit: int = 3, configured: tuple[ShapeKey, ...] = (), idle_timeout: float = 120.0
+    ) -> Syncer:
         syncer = Syncer(
             store=store,
             upstream=upstream,
             settings=SyncSettings(backoff=FAST, maintenance_interval=3600),
-            reflector_settings=ReflectorSettings(watch_timeout_min=60, watch_timeout_max=60),
+            reflector_settings=ReflectorSettings(
+                watch_timeout_min=60, watch_timeout_max=60, idle_timeout=idle_timeout
+            ),
             limiter=ListLimiter(ListLimiterSettings(concurrent_lists=limit)),
             breaker=CircuitBreaker(target="apiserver"),
             metrics=metrics,
@@ -322,3 +326,22 @@ async def test_a_revoked_configured_shape_starts_over_and_refills(world: Any) ->
         )
         == 1
     )
+
+
+async def test_a_silent_upstream_watch_is_replaced(world: Any) -> None:
+    """Bookmarks are requested, so an upstream watch that says nothing for the idle bound is
+    on a dead connection (a node gone without a reset): it is dropped and the shape watches
+    again from its RV. Found by review: a watch had no read timeout at all."""
+    apiserver, store, _, make = world
+    syncer = await make(idle_timeout=0.3)
+    shape = await syncer.learn(key("quiet"))
+    assert await syncer.wait_filled(shape)
+    await eventually(lambda: apiserver.resumes >= 2, timeout=5)  # silent, replaced, again
+    # ... and the replacement delivers (pushed until a live watch takes it: each one is
+    # itself replaced after 0.3 s of silence).
+    for _ in range(50):
+        apiserver.push("quiet", {"type": "ADDED", "object": cm("quiet", "late", 101)})
+        await asyncio.sleep(0.1)
+        if store.shapes[key("quiet")].rv == "101":
+            break
+    assert store.shapes[key("quiet")].rv == "101"
