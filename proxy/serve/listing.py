@@ -9,6 +9,7 @@ RV the cache has not reached waits briefly, then gets 504 with ``Retry-After``.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -23,6 +24,8 @@ from proxy.kube.status import StatusError
 from proxy.serve import rendering
 from proxy.serve.context import Context
 from proxy.serve.rendering import Renderer
+
+logger = logging.getLogger(__name__)
 
 
 async def wait_for_rv(ctx: Context, shape: Shape, rv: str) -> None:
@@ -50,13 +53,26 @@ async def serve_list(
     started = time.monotonic()
     if not_older_than is not None:
         await wait_for_rv(ctx, shape, not_older_than)
-    async with ctx.store.snapshot(shape, namespace=view.namespace) as snapshot:
-        response = web.StreamResponse(status=200, headers={"Content-Type": renderer.content_type})
-        if renderer.encoding is Encoding.PROTOBUF:
-            size = await _protobuf_list(request, response, snapshot, view, renderer)
+    response = web.StreamResponse(status=200, headers={"Content-Type": renderer.content_type})
+    try:
+        async with ctx.store.snapshot(shape, namespace=view.namespace) as snapshot:
+            if renderer.encoding is Encoding.PROTOBUF:
+                size = await _protobuf_list(request, response, snapshot, view, renderer)
+            else:
+                size = await _json_list(request, response, snapshot, view, renderer)
+        await response.write_eof()
+    except Exception as error:
+        if not response.prepared:
+            raise  # nothing sent yet: the middleware answers with a Status
+        # The answer has begun: it can only be cut, visibly (a clean end of a chunked body
+        # would pass a truncated list off as complete). A client that left is no error.
+        if isinstance(error, ConnectionError):
+            logger.debug("LIST of %s: the client left", shape.resource)
         else:
-            size = await _json_list(request, response, snapshot, view, renderer)
-    await response.write_eof()
+            logger.exception("LIST of %s failed after its answer began", shape.resource)
+        if request.transport is not None:
+            request.transport.abort()
+        return response
     resource = shape.resource
     ctx.metrics.list_bytes.labels(resource=resource, source="cache").inc(size)
     ctx.metrics.list_duration.labels(resource=resource, source="cache").observe(

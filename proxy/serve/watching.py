@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
 import socket
 import struct
@@ -28,6 +29,8 @@ from proxy.kube.status import StatusError
 from proxy.serve.context import Context
 from proxy.serve.listing import wait_for_rv
 from proxy.serve.rendering import Renderer
+
+logger = logging.getLogger(__name__)
 
 
 class SlowClient(Exception):
@@ -124,6 +127,11 @@ class Watch:
         except (SlowClient, ConnectionError):
             if self.request.transport is not None:
                 _reset(self.request.transport)  # the client resumes from its last RV
+        except Exception as error:
+            # The stream has begun: a failure (a reader error) can only end it, with an ERROR
+            # event as the apiserver's watch does, never with a second response.
+            logger.exception("watch of %s failed", resource)
+            await self._error(StatusError.internal_error(error))
         finally:
             self.ctx.metrics.watchers.labels(resource=resource).dec()
         return self.response

@@ -1,0 +1,96 @@
+"""Answers that fail after they began (docs/design.md §5): a client that leaves in the middle
+of a LIST is no error (no traceback, no second response written into the stream), and the
+server goes on serving. Found by review; a real aiohttp server on loopback, a real store."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+from aiohttp import web
+
+from proxy.cache.freshness import RecentWrites
+from proxy.cache.records import ChangeType, change_from_object
+from proxy.cache.shapes import Request, ShapeKey, choose
+from proxy.cache.store import Store, StoreSettings
+from proxy.kube.resources import GroupVersionResource
+from proxy.metrics import Metrics
+from proxy.serve import routing
+from proxy.serve.authenticating import ClientAuth
+from proxy.serve.context import Context, ServeSettings
+
+CM = GroupVersionResource.parse("v1/configmaps")
+
+
+@pytest.fixture
+async def server(tmp_path: Path) -> Any:
+    store = await Store.open(StoreSettings(path=tmp_path / "c.db"))
+    shape = await store.ensure_shape(ShapeKey.of(CM), configured=True)
+    payload = "x" * 4000
+    objects = [
+        {
+            "kind": "ConfigMap",
+            "apiVersion": "v1",
+            "metadata": {"name": f"cm-{i:05d}", "namespace": "a", "resourceVersion": str(i + 1)},
+            "data": {"k": payload},
+        }
+        for i in range(3000)  # 12 MB: far more than socket buffers hold
+    ]
+    await store.stage(shape, [change_from_object(ChangeType.ADDED, o) for o in objects])
+    await store.finish_list(shape, rv="5000", kind="ConfigMap", api_version="v1")
+
+    def find(request: Request, *, namespaced: bool | None) -> Any:
+        key = choose(request, store.shapes.keys(), namespaced=namespaced)
+        return store.shapes.get(key) if key else None
+
+    ctx = Context(
+        store=store,
+        syncer=cast(Any, SimpleNamespace(find=find, without_protobuf=set())),
+        upstream=cast(Any, None),
+        discovery=cast(Any, None),
+        metrics=Metrics(),
+        settings=ServeSettings(),
+        credentials="sidecar",
+        learn=False,
+        breaker=cast(Any, None),
+        ready=lambda: (True, "ok"),
+        writes=RecentWrites(),
+    )
+    runner = web.AppRunner(routing.api_app(ctx, auth=ClientAuth(mode="none")))
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    yield port
+    await runner.cleanup()
+    await store.close()
+
+
+async def fetch(port: int, path: str, *, read: int | None = None) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
+    await writer.drain()
+    data = await (reader.read(read) if read else reader.read())
+    writer.close()
+    return data
+
+
+async def test_a_client_leaving_mid_list_is_not_an_error(
+    server: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    for _ in range(5):
+        head = await fetch(server, "/api/v1/configmaps", read=2000)
+        assert head.startswith(b"HTTP/1.1 200")
+    await asyncio.sleep(0.3)  # the server notices on its next writes
+    whole = await fetch(server, "/api/v1/configmaps?limit=1")
+    body = whole.partition(b"\r\n\r\n")[2]
+    assert b'"resourceVersion":"5000"' in body[:200]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], [
+        r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR
+    ]
+    assert "the client left" in caplog.text
