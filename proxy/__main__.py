@@ -97,6 +97,12 @@ def parser() -> argparse.ArgumentParser:
         default=float(_env("watch-write-timeout", "30") or 30),
         help="close a watcher whose client accepted no write for this long",
     )
+    p.add_argument(
+        "--max-shapes",
+        type=int,
+        default=int(_env("max-shapes", "500") or 500),
+        help="learned collections at most; requests for more pass through",
+    )
     p.add_argument("--log-level", default=_env("log-level", "INFO"))
     p.set_defaults(env_resources=env_resources)
     return p
@@ -122,7 +128,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
             retention_events=args.retention_events,
             retention_seconds=args.retention_seconds,
         ),
-        sync=SyncSettings(learn=args.learn),
+        sync=SyncSettings(learn=args.learn, max_shapes=args.max_shapes),
         serve=ServeSettings(
             bookmark_interval=args.bookmark_interval, slow_write_timeout=args.watch_write_timeout
         ),

@@ -179,6 +179,11 @@ class Metrics:
             ("resource", "reason"),
             registry=r,
         )
+        self.shape_limit: Final = Counter(
+            f"{PREFIX}shape_limit",
+            "Requests passed through because --max-shapes learned shapes exist already.",
+            registry=r,
+        )
         self.shapes_dropped: Final = Counter(
             f"{PREFIX}shapes_dropped",
             "Shapes dropped with their data, by reason: unused (a learned shape nobody asked "

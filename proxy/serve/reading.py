@@ -79,6 +79,8 @@ async def read_collection(
             return await pass_through(request, ctx)
         try:
             shape = shape or await ctx.syncer.learn(wanted.exact_key)
+            if shape is None:
+                return await pass_through(request, ctx)  # the shape limit is reached
             filled = await ctx.syncer.wait_filled(shape)
         except UpstreamStatusError as refused:
             # Not kept (never cache what warmwatch may not read). The client's own request

@@ -48,6 +48,12 @@ class SyncSettings:
     a fill that failed, or stalled this long, has the request passed through instead. A
     LIST page or a batch of WatchList events arrives in well under a second from a healthy
     apiserver, so a minute of silence means trouble, not a big collection."""
+    max_shapes: int = 500
+    """Learned shapes at most (configured ones come on top). Each is an upstream watch, a
+    reflector and a ring of up to 4,096 recent events in memory; a client that asks for
+    ever new namespaces or selectors must not multiply them without bound. Beyond the limit,
+    requests for new shapes pass through to the apiserver. kube-controller-manager with every
+    controller needs about 60."""
     unused_after: float = 6 * 3600.0
     """Learned shapes no client used for this long are dropped, so upstream watches stay
     bounded. Long enough to survive a controller's restart loop or a slow rollout."""
@@ -173,9 +179,16 @@ class Syncer:
         key = choose(request, self.store.shapes.keys(), namespaced=namespaced)
         return self.store.shapes.get(key) if key is not None else None
 
-    async def learn(self, key: ShapeKey) -> Shape:
+    async def learn(self, key: ShapeKey) -> Shape | None:
+        """The shape ``key``, learned now if new; None when ``max_shapes`` learned shapes
+        exist already (the request is passed through: ``warmwatch_shape_limit_total``)."""
         shape = self.store.shapes.get(key)
         if shape is None:
+            learned = sum(1 for s in self.store.shapes.values() if not s.configured)
+            if learned >= self.settings.max_shapes:
+                self.metrics.shape_limit.inc()
+                logger.info("not learning %s: %d learned shapes already", key, learned)
+                return None
             shape = await self.store.ensure_shape(key, configured=False)
             logger.info("learned shape %s", key)
         if key not in self._tasks:

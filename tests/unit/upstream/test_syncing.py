@@ -147,12 +147,16 @@ async def world(tmp_path: Path) -> AsyncIterator[tuple[Apiserver, Store, Metrics
     syncers: list[Syncer] = []
 
     async def make(
-        *, limit: int = 3, configured: tuple[ShapeKey, ...] = (), idle_timeout: float = 120.0
+        *,
+        limit: int = 3,
+        configured: tuple[ShapeKey, ...] = (),
+        idle_timeout: float = 120.0,
+        max_shapes: int = 500,
     ) -> Syncer:
         syncer = Syncer(
             store=store,
             upstream=upstream,
-            settings=SyncSettings(backoff=FAST, maintenance_interval=3600),
+            settings=SyncSettings(backoff=FAST, maintenance_interval=3600, max_shapes=max_shapes),
             reflector_settings=ReflectorSettings(
                 watch_timeout_min=60, watch_timeout_max=60, idle_timeout=idle_timeout
             ),
@@ -345,3 +349,16 @@ async def test_a_silent_upstream_watch_is_replaced(world: Any) -> None:
         if store.shapes[key("quiet")].rv == "101":
             break
     assert store.shapes[key("quiet")].rv == "101"
+
+
+async def test_learning_stops_at_the_shape_limit(world: Any) -> None:
+    """Found by review: every new namespace or selector became an upstream watch, without
+    bound. Beyond --max-shapes learned shapes, requests pass through."""
+    _, store, metrics, make = world
+    syncer = await make(max_shapes=2, configured=(key("conf"),))
+    assert await syncer.learn(key("a")) is not None
+    assert await syncer.learn(key("b")) is not None
+    assert await syncer.learn(key("c")) is None
+    assert await syncer.learn(key("a")) is store.shapes[key("a")]  # known ones still serve
+    assert metrics.value("warmwatch_shape_limit_total") == 1
+    assert len(store.shapes) == 3  # two learned, one configured
