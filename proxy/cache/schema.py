@@ -71,6 +71,9 @@ CREATE TABLE IF NOT EXISTS objects (
     raw       BLOB NOT NULL,
     PRIMARY KEY (shape_id, namespace, name)
 ) WITHOUT ROWID;
+-- Counting objects per shape (a metric, every minute) reads this small index, not the rows
+-- with their bodies.
+CREATE INDEX IF NOT EXISTS objects_by_shape ON objects (shape_id);
 
 CREATE TABLE IF NOT EXISTS events (
     shape_id    INTEGER NOT NULL,
@@ -89,6 +92,8 @@ CREATE TABLE IF NOT EXISTS events (
     PRIMARY KEY (shape_id, seq)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS events_by_rv ON events (shape_id, rv_order);
+-- Log retention by age reads only the aged entries, not the whole log.
+CREATE INDEX IF NOT EXISTS events_by_time ON events (shape_id, at);
 
 CREATE TABLE IF NOT EXISTS staging (
     shape_id  INTEGER NOT NULL,

@@ -165,7 +165,7 @@ class Store:
                     source.rename(f"{aside}{suffix}")
             writer = await cls._connect(settings)
             await _on_thread(writer, schema.migrate)
-        await _on_thread(writer, _checkpoint)
+        await _on_thread(writer, _checkpoint, mode="TRUNCATE")
         store = cls(settings=settings, writer=writer, metrics=metrics)
         for row in await _on_thread(writer, _load_shapes):
             store._remember(row)
@@ -316,7 +316,7 @@ class Store:
             row = await self._write(_shape_log_start, shape_id=shape.id)
             shape.log_start_rv = row
         if dropped:
-            await self._write(_checkpoint)
+            await self._write(_checkpoint, mode="PASSIVE")
         return dropped
 
     async def save_usage(self) -> None:
@@ -617,8 +617,10 @@ def _put_document(
         )
 
 
-def _checkpoint(connection: sqlite3.Connection) -> None:
-    connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+def _checkpoint(connection: sqlite3.Connection, *, mode: str) -> None:
+    """TRUNCATE at start (nobody reads yet); PASSIVE otherwise: it copies what it can and
+    never waits for readers, whose snapshots (a long LIST) would hold the writer up."""
+    connection.execute(f"PRAGMA wal_checkpoint({mode})")
 
 
 def encode_headers(headers: Sequence[tuple[str, str]]) -> bytes:

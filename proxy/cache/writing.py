@@ -316,12 +316,14 @@ def trim(connection: sqlite3.Connection, *, shape_id: int, max_events: int, max_
     with connection:
         last_seq = _last_seq(connection, shape_id)
         cutoff = last_seq - max_events
+        # The newest aged entry, found by the time index in one step (commit times grow with
+        # seq; a wall clock stepping back makes age retention approximate, never unsafe).
         aged = connection.execute(
-            "SELECT max(seq) FROM events WHERE shape_id = ? AND at < ?",
+            "SELECT seq FROM events WHERE shape_id = ? AND at < ? ORDER BY at DESC LIMIT 1",
             (shape_id, time.time() - max_age),
-        ).fetchone()[0]
+        ).fetchone()
         if aged is not None:
-            cutoff = max(cutoff, int(aged))
+            cutoff = max(cutoff, int(aged[0]))
         if cutoff <= 0:
             return 0
         row = connection.execute(

@@ -194,3 +194,20 @@ def test_a_version_1_database_is_migrated_in_place() -> None:
     schema.migrate(connection)
     assert connection.execute("SELECT encoding FROM shapes").fetchall() == [("json",)]
     assert connection.execute("SELECT value FROM meta").fetchone() == ("2",)
+
+
+def test_maintenance_queries_use_an_index(db: sqlite3.Connection) -> None:
+    """Found by review: retention by age and the per-shape object count scanned every row
+    (bodies included) every minute. The plans of the statements they really run."""
+    statements: list[str] = []
+    db.set_trace_callback(statements.append)
+    writing.trim(db, shape_id=1, max_events=1000, max_age=60)
+    db.set_trace_callback(None)
+    aged = next(s for s in statements if "at <" in s)
+    plans = {
+        "events_by_time": aged,
+        "objects_by_shape": "SELECT shape_id, count(*) FROM objects GROUP BY shape_id",
+    }
+    for index, query in plans.items():
+        plan = " ".join(row[-1] for row in db.execute(f"EXPLAIN QUERY PLAN {query}"))
+        assert index in plan, (query, plan)
