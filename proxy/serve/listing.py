@@ -9,9 +9,10 @@ RV the cache has not reached waits briefly, then gets 504 with ``Retry-After``.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from aiohttp import web
@@ -24,8 +25,12 @@ from proxy.kube.status import StatusError
 from proxy.serve import rendering
 from proxy.serve.context import Context
 from proxy.serve.rendering import Renderer
+from proxy.serve.streaming import SlowClient, cut, write_within
 
 logger = logging.getLogger(__name__)
+
+Send = Callable[[bytes], Awaitable[None]]
+"""A write with the slow-client deadline (``streaming.write_within``)."""
 
 
 async def wait_for_rv(ctx: Context, shape: Shape, rv: str) -> None:
@@ -56,22 +61,25 @@ async def serve_list(
     response = web.StreamResponse(status=200, headers={"Content-Type": renderer.content_type})
     try:
         async with ctx.store.snapshot(shape, namespace=view.namespace) as snapshot:
+            send = functools.partial(
+                write_within, response, timeout=ctx.settings.slow_write_timeout
+            )
             if renderer.encoding is Encoding.PROTOBUF:
-                size = await _protobuf_list(request, response, snapshot, view, renderer)
+                size = await _protobuf_list(request, response, send, snapshot, view, renderer)
             else:
-                size = await _json_list(request, response, snapshot, view, renderer)
+                size = await _json_list(request, response, send, snapshot, view, renderer)
         await response.write_eof()
     except Exception as error:
         if not response.prepared:
             raise  # nothing sent yet: the middleware answers with a Status
         # The answer has begun: it can only be cut, visibly (a clean end of a chunked body
-        # would pass a truncated list off as complete). A client that left is no error.
-        if isinstance(error, ConnectionError):
-            logger.debug("LIST of %s: the client left", shape.resource)
+        # would pass a truncated list off as complete). A client that left, or stopped
+        # reading (``streaming``), is no error.
+        if isinstance(error, ConnectionError | SlowClient):
+            logger.debug("LIST of %s: the client left or stopped reading", shape.resource)
         else:
             logger.exception("LIST of %s failed after its answer began", shape.resource)
-        if request.transport is not None:
-            request.transport.abort()
+        cut(request)
         return response
     resource = shape.resource
     ctx.metrics.list_bytes.labels(resource=resource, source="cache").inc(size)
@@ -90,6 +98,7 @@ def _admitted(view: Filter, rows: list[Any]) -> Iterator[Any]:
 async def _json_list(
     request: web.Request,
     response: web.StreamResponse,
+    send: Send,
     snapshot: Snapshot,
     view: Filter,
     renderer: Renderer,
@@ -98,7 +107,7 @@ async def _json_list(
     head = rendering.list_head(
         kind=renderer.list_kind, api_version=renderer.object_api_version, rv=snapshot.rv
     )
-    await response.write(head)
+    await send(head)
     sent = len(head)
     separator = b"["
     async for rows in snapshot.rows:
@@ -107,18 +116,19 @@ async def _json_list(
             chunk = separator + b",".join(items)
             separator = b","
             sent += len(chunk)
-            await response.write(chunk)
+            await send(chunk)
     if separator == b"[":
         tail = rendering.NO_METADATA_ITEMS if renderer.metadata_only else rendering.NO_ITEMS
     else:
         tail = rendering.LIST_TAIL
-    await response.write(tail)
+    await send(tail)
     return sent + len(tail)
 
 
 async def _protobuf_list(
     request: web.Request,
     response: web.StreamResponse,
+    send: Send,
     snapshot: Snapshot,
     view: Filter,
     renderer: Renderer,
@@ -135,7 +145,7 @@ async def _protobuf_list(
     )
     response.content_length = len(head) + total + len(protobuf.ENVELOPE_TAIL)
     await response.prepare(request)
-    await response.write(head + list_meta)
+    await send(head + list_meta)
     written = len(list_meta)
     async for rows in snapshot.rows:
         chunk = b"".join(
@@ -143,8 +153,8 @@ async def _protobuf_list(
         )
         if chunk:
             written += len(chunk)
-            await response.write(chunk)
+            await send(chunk)
     if written != total:  # cannot happen: the same rows in the same transaction
         raise RuntimeError(f"protobuf list sized {total} bytes, wrote {written}")
-    await response.write(protobuf.ENVELOPE_TAIL)
+    await send(protobuf.ENVELOPE_TAIL)
     return len(head) + total + len(protobuf.ENVELOPE_TAIL)

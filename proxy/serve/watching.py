@@ -11,12 +11,9 @@ Failures after the stream started are ERROR events (a Status), then the stream e
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import random
-import socket
-import struct
 import time
 
 from aiohttp import web
@@ -29,26 +26,9 @@ from proxy.kube.status import StatusError
 from proxy.serve.context import Context
 from proxy.serve.listing import wait_for_rv
 from proxy.serve.rendering import Renderer
+from proxy.serve.streaming import SlowClient, cut, write_within
 
 logger = logging.getLogger(__name__)
-
-
-class SlowClient(Exception):
-    """The client did not accept a write within the slow-write timeout."""
-
-
-def _reset(transport: asyncio.Transport) -> None:
-    """Close the connection now, discarding what the client has not read (a TCP reset).
-
-    ``close()`` would first wait for the client to read our buffer, and even ``abort()`` leaves
-    the kernel holding the connection open until the client reads what the socket still has:
-    a client that stopped reading would keep it forever.
-    """
-    sock = transport.get_extra_info("socket")
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    transport.abort()
 
 
 class Watch:
@@ -92,10 +72,7 @@ class Watch:
     # -- writing -----------------------------------------------------------------------------
 
     async def _write(self, data: bytes) -> None:
-        try:
-            await asyncio.wait_for(self.response.write(data), self.ctx.settings.slow_write_timeout)
-        except TimeoutError:
-            raise SlowClient from None
+        await write_within(self.response, data, timeout=self.ctx.settings.slow_write_timeout)
 
     async def _bookmark(self, *, initial_events_end: bool = False) -> None:
         await self._write(
@@ -125,8 +102,7 @@ class Watch:
                 StatusError.expired("the watch fell behind the retained event log; relist")
             )
         except (SlowClient, ConnectionError):
-            if self.request.transport is not None:
-                _reset(self.request.transport)  # the client resumes from its last RV
+            cut(self.request)  # the client resumes from its last RV
         except Exception as error:
             # The stream has begun: a failure (a reader error) can only end it, with an ERROR
             # event as the apiserver's watch does, never with a second response.

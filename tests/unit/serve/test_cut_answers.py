@@ -1,6 +1,7 @@
 """Answers that fail after they began (docs/design.md §5): a client that leaves in the middle
-of a LIST is no error (no traceback, no second response written into the stream), and the
-server goes on serving. Found by review; a real aiohttp server on loopback, a real store."""
+of a LIST is no error (no traceback, no second response written into the stream), one that
+stops reading is cut after the write deadline and gives its cache reader back, and the server
+goes on serving. Found by review; a real aiohttp server on loopback, a real store."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ CM = GroupVersionResource.parse("v1/configmaps")
 
 @pytest.fixture
 async def server(tmp_path: Path) -> Any:
-    store = await Store.open(StoreSettings(path=tmp_path / "c.db"))
+    # One reader only: a LIST that held it for good would block every other read.
+    store = await Store.open(StoreSettings(path=tmp_path / "c.db", readers=1))
     shape = await store.ensure_shape(ShapeKey.of(CM), configured=True)
     payload = "x" * 4000
     objects = [
@@ -53,7 +55,7 @@ async def server(tmp_path: Path) -> Any:
         upstream=cast(Any, None),
         discovery=cast(Any, None),
         metrics=Metrics(),
-        settings=ServeSettings(),
+        settings=ServeSettings(slow_write_timeout=0.5),
         credentials="sidecar",
         learn=False,
         breaker=cast(Any, None),
@@ -94,3 +96,21 @@ async def test_a_client_leaving_mid_list_is_not_an_error(
         r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR
     ]
     assert "the client left" in caplog.text
+
+
+async def test_a_client_that_stops_reading_a_list_is_cut_and_frees_its_reader(
+    server: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    reader, writer = await asyncio.open_connection("127.0.0.1", server)
+    writer.write(b"GET /api/v1/configmaps HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    await writer.drain()
+    assert (await reader.read(2000)).startswith(b"HTTP/1.1 200")
+    try:
+        # It reads no more. The store has one reader, held by that LIST until it is cut.
+        whole = await asyncio.wait_for(fetch(server, "/api/v1/configmaps?limit=1"), 10)
+        assert whole.startswith(b"HTTP/1.1 200") and whole.endswith(b"]}\n\r\n0\r\n\r\n")
+        assert "stopped reading" in caplog.text
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    finally:
+        writer.close()
