@@ -95,7 +95,7 @@ def parser() -> argparse.ArgumentParser:
         "--watch-write-timeout",
         type=float,
         default=float(_env("watch-write-timeout", "30") or 30),
-        help="close a watcher whose client accepted no write for this long",
+        help="disconnect a watch or LIST client that accepted no write for this long",
     )
     p.add_argument(
         "--max-shapes",
