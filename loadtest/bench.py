@@ -154,19 +154,20 @@ _METADATA_ACCEPT = (
 class ClientKind:
     label: str
     mode: str
-    flags: tuple[str, ...]
     protobuf: bool
-    """Prefers protobuf: what warmwatch should answer it in."""
+    """``--protobuf`` (GoClient.start's ``protobuf``): it prefers protobuf, and warmwatch
+    should answer it in protobuf."""
     list_accept: str
     watch_accept: str
     """The Accept headers client-go sends for it (tests/goclient/typed_test.go)."""
+    extra: tuple[str, ...] = ()
+    """More goclient flags."""
 
 
 CLIENT_KINDS = (
     ClientKind(
         label="dynamic informer, JSON",
         mode="informer",
-        flags=(),
         protobuf=False,
         list_accept="application/json",
         watch_accept="application/json",
@@ -174,15 +175,14 @@ CLIENT_KINDS = (
     ClientKind(
         label="typed informer, JSON",
         mode="typed",
-        flags=("--json",),
         protobuf=False,
+        extra=("--json",),
         list_accept="application/json, */*",
         watch_accept="application/json, */*",
     ),
     ClientKind(
         label="typed informer, protobuf",
         mode="typed",
-        flags=("--protobuf",),
         protobuf=True,
         list_accept=f"{PROTOBUF},application/json",
         watch_accept=f"{PROTOBUF},application/json",
@@ -190,7 +190,6 @@ CLIENT_KINDS = (
     ClientKind(
         label="metadata informer, protobuf",
         mode="metadata",
-        flags=("--protobuf",),
         protobuf=True,
         list_accept=_METADATA_ACCEPT.format(kind="PartialObjectMetadataList"),
         watch_accept=_METADATA_ACCEPT.format(kind="PartialObjectMetadata"),
@@ -378,21 +377,22 @@ class ClientsBench:
             kubeconfig=kubeconfig,
             resources=[CLIENTS_RESOURCE],
             mode=kind.mode,
-            extra=[*kind.flags, "--no-items"],
+            protobuf=kind.protobuf,
+            extra=[*kind.extra, "--no-items"],
         )
         try:
             synced = client.wait_synced(timeout=SYNC_TIMEOUT)[0]
             seconds = time.monotonic() - started
-            start = next(x for x in client.lines if x["kind"] == "start")
+            start = client.start_line()
         except (RuntimeError, TimeoutError) as error:
             self.note(f"{kind.label}, {what}, N={expect}: failed: {error}")
             return float("nan")
         finally:
             client.stop()
         self.watch_list.add(str(start.get("watchList")).lower())
-        if bool(start.get("protobuf")) != ("--protobuf" in kind.flags) or bool(
-            start.get("json")
-        ) != ("--json" in kind.flags):
+        if bool(start.get("protobuf")) != kind.protobuf or bool(start.get("json")) != (
+            "--json" in kind.extra
+        ):
             self.note(f"{kind.label}: the client's start line does not show its flags: {start}")
         if synced["count"] != expect:
             self.note(f"{kind.label}, {what}: synced {synced['count']} objects, expected {expect}")

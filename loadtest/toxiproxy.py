@@ -13,7 +13,8 @@ The server is built from the Go module proxy like the control plane (loadtest/bu
 pinned release of ``github.com/Shopify/toxiproxy/v2``, its ``cmd/server`` installed with
 ``CGO_ENABLED=0`` into ``<cache_root>/toxiproxy-<version>/bin/toxiproxy-server`` (never into the
 repository). Toxiproxy is a TCP proxy: TLS passes through it untouched, so a kubeconfig for the
-proxy keeps the apiserver's CA and client certificate and only changes the address.
+proxy keeps the apiserver's CA and client certificate, changes the address, and names the
+certificate's name to verify (``tls-server-name``, ``SERVING_NAME``).
 
 Toxics act on each TCP connection separately, in the order they were added: ``latency`` delays
 each chunk by latency +/- jitter after it arrived (pipelined, so it adds delay, not a rate
@@ -156,10 +157,13 @@ class Toxiproxy:
             try:
                 server._wait_ready()
                 return server
-            except RuntimeError:  # the port was taken between probing and binding
+            except RuntimeError:  # it exited: the port was taken between probing and binding
                 server.stop()
                 if attempt == attempts:
                     raise
+            except BaseException:  # never leave a server behind
+                server.stop()
+                raise
         raise AssertionError("unreachable")
 
     def _wait_ready(self) -> None:

@@ -147,7 +147,7 @@ class Metrics:
         )
         self.events_out: Final = Counter(
             f"{PREFIX}events_out",
-            "Watch events written to clients.",
+            "Watch events written to clients (a watch's initial ADDED events included).",
             ("resource",),
             registry=r,
         )

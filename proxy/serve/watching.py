@@ -148,6 +148,9 @@ class Watch:
                 ]
                 if frames:
                     await self._write(b"".join(frames))
+                    self.ctx.metrics.events_out.labels(resource=self.shape.resource).inc(
+                        len(frames)
+                    )
         if start.initial_events_end_bookmark:
             await self._bookmark(initial_events_end=True)
         return True
