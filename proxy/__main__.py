@@ -19,6 +19,7 @@ from proxy.cache.store import StoreSettings
 from proxy.kube.resources import ResourceFlag
 from proxy.serve.authenticating import ClientAuth
 from proxy.serve.context import ServeSettings
+from proxy.upstream.reflecting import ReflectorSettings
 from proxy.upstream.syncing import SyncSettings
 
 
@@ -98,6 +99,12 @@ def parser() -> argparse.ArgumentParser:
         help="disconnect a watch or LIST client that accepted no write for this long",
     )
     p.add_argument(
+        "--upstream-idle-timeout",
+        type=float,
+        default=float(_env("upstream-idle-timeout", "120") or 120),
+        help="replace an upstream watch silent for this long (bookmarks come every minute)",
+    )
+    p.add_argument(
         "--max-shapes",
         type=int,
         default=int(_env("max-shapes", "500") or 500),
@@ -129,6 +136,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
             retention_seconds=args.retention_seconds,
         ),
         sync=SyncSettings(learn=args.learn, max_shapes=args.max_shapes),
+        reflector=ReflectorSettings(idle_timeout=args.upstream_idle_timeout),
         serve=ServeSettings(
             bookmark_interval=args.bookmark_interval, slow_write_timeout=args.watch_write_timeout
         ),
