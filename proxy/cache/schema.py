@@ -106,6 +106,9 @@ CREATE TABLE IF NOT EXISTS staging (
     raw       BLOB NOT NULL,
     PRIMARY KEY (shape_id, namespace, name)
 ) WITHOUT ROWID;
+-- A relist's changes are appended in object-RV order: read in that order from this index,
+-- not sorted in memory with their bodies.
+CREATE INDEX IF NOT EXISTS staging_by_rv ON staging (shape_id, rv_order, rv);
 
 CREATE TABLE IF NOT EXISTS discovery (
     key       TEXT PRIMARY KEY,

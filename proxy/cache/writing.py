@@ -264,35 +264,40 @@ def finish_list(
                     flush()
                     connection.executemany(_UPSERT_OBJECT, upserts)
                     upserts.clear()
+            connection.executemany(_UPSERT_OBJECT, upserts)
+            # What vanished, read in chunks (never all at once: half a million objects may
+            # have gone while warmwatch was down), then deleted by one statement.
             vanished = connection.execute(
                 "SELECT o.namespace, o.name, o.labels, o.raw FROM objects o "
-                "LEFT JOIN staging s ON s.shape_id = o.shape_id AND s.namespace = o.namespace "
-                "AND s.name = o.name WHERE o.shape_id = ? AND s.name IS NULL "
+                "WHERE o.shape_id = ? AND NOT EXISTS (SELECT 1 FROM staging s WHERE "
+                "s.shape_id = o.shape_id AND s.namespace = o.namespace AND s.name = o.name) "
                 "ORDER BY o.namespace, o.name",
                 (shape_id,),
-            ).fetchall()
-            for namespace, name, labels, raw in vanished:
-                seq += 1
-                records.append(
-                    EventRecord(
-                        seq=seq,
-                        type=ChangeType.DELETED,
-                        rv=rv,
-                        batch=True,
-                        namespace=namespace,
-                        name=name,
-                        labels=bytes(labels),
-                        prev_labels=bytes(labels),
-                        prev_raw=None,
-                        raw=with_resource_version(bytes(raw), rv),
-                        at=now,
+            )
+            while chunk := vanished.fetchmany(CHUNK):
+                for namespace, name, labels, raw in chunk:
+                    seq += 1
+                    records.append(
+                        EventRecord(
+                            seq=seq,
+                            type=ChangeType.DELETED,
+                            rv=rv,
+                            batch=True,
+                            namespace=namespace,
+                            name=name,
+                            labels=bytes(labels),
+                            prev_labels=bytes(labels),
+                            prev_raw=None,
+                            raw=with_resource_version(bytes(raw), rv),
+                            at=now,
+                        )
                     )
-                )
-                if len(records) >= CHUNK:
-                    flush()
-            connection.executemany(_UPSERT_OBJECT, upserts)
-            connection.executemany(
-                _DELETE_OBJECT, ((shape_id, ns, name) for ns, name, _, _ in vanished)
+                flush()
+            connection.execute(
+                "DELETE FROM objects WHERE shape_id = ? AND NOT EXISTS (SELECT 1 FROM staging s "
+                "WHERE s.shape_id = objects.shape_id AND s.namespace = objects.namespace "
+                "AND s.name = objects.name)",
+                (shape_id,),
             )
         # The list RV is a position in the log: a client holding it resumes right after it.
         seq += 1

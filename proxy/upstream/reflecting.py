@@ -279,21 +279,38 @@ class Reflector:
         )
 
     async def _paginated_list(self, slot: ListSlot) -> None:
+        """LIST page by page. A ``continue`` token that expired (410: the list took longer
+        than etcd keeps its revision) falls back to one unpaginated list, as client-go's
+        pager does, instead of starting the pages over (which would expire again)."""
         continue_token = ""
         rv = kind = api_version = ""
+        paginate = True
         while True:
-            params = _params(self.shape, limit=str(self.settings.page_size))
+            params = _params(
+                self.shape, **({"limit": str(self.settings.page_size)} if paginate else {})
+            )
             if continue_token:
                 params["continue"] = continue_token
             async with self.upstream.request(
                 "GET", (self.path, params), headers={"Accept": self.codec.accept}, verb="LIST"
             ) as response:
                 body = await response.read()
-                if response.status >= 400:
+                expired = response.status == 410 and continue_token
+                if expired:
+                    logger.info(
+                        "%s: the list's continue token expired; listing whole instead",
+                        self.resource,
+                    )
+                elif response.status >= 400:
                     raise UpstreamStatusError.from_response(
                         code=response.status, body=body, headers=response.headers
                     )
-                check_content_type(self.codec, response.content_type)
+                else:
+                    check_content_type(self.codec, response.content_type)
+            if expired:
+                await self.store.discard_staging(self.shape)
+                continue_token, paginate = "", False
+                continue
             self.breaker.record_success()
             self._denied = 0
             page = self.codec.page(body)

@@ -211,3 +211,22 @@ def test_maintenance_queries_use_an_index(db: sqlite3.Connection) -> None:
     for index, query in plans.items():
         plan = " ".join(row[-1] for row in db.execute(f"EXPLAIN QUERY PLAN {query}"))
         assert index in plan, (query, plan)
+
+
+def test_a_relist_reads_in_order_from_an_index(db: sqlite3.Connection) -> None:
+    """Found by review: a relist sorted every changed row, bodies included, in memory
+    (``ORDER BY rv_order`` without an index, ``temp_store=MEMORY``)."""
+    fill(db, [cm("a", 1), cm("b", 2)], "10")
+    statements: list[str] = []
+    db.set_trace_callback(statements.append)
+    fill(db, [cm("a", 11), cm("c", 12)], "20")
+    db.set_trace_callback(None)
+    changed = next(s for s in statements if "FROM staging s LEFT JOIN" in s)
+    plan = " ".join(row[-1] for row in db.execute(f"EXPLAIN QUERY PLAN {changed}"))
+    assert "TEMP B-TREE" not in plan and "staging_by_rv" in plan, plan
+    assert [e[1:4] for e in events(db)][-4:] == [
+        ("MODIFIED", "11", "a"),
+        ("ADDED", "12", "c"),
+        ("DELETED", "20", "b"),
+        ("BOOKMARK", "20", ""),
+    ]

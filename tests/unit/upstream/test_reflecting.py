@@ -77,6 +77,9 @@ class Scripted:
     later: tuple[list[dict[str, Any]], int] | None = None
     """The state (objects, RV) LISTs see once a scripted watch has been served."""
     watches_served: int = 0
+    expire_continue: int = 0
+    """Answer this many ``continue`` requests 410 Expired (etcd compacted the list's RV)."""
+    list_limits: list[str | None] = field(default_factory=list)
     lists_now: int = 0
     lists_max: int = 0
 
@@ -114,7 +117,11 @@ class Scripted:
             self.objects, self.list_rv = self.later
         try:
             await asyncio.sleep(self.list_delay)
-            limit = int(request.query.get("limit", "500"))
+            self.list_limits.append(request.query.get("limit"))
+            if "continue" in request.query and self.expire_continue:
+                self.expire_continue -= 1
+                return web.json_response(status(410, "Expired"), status=410)
+            limit = int(request.query.get("limit") or 1_000_000)
             start = int(request.query.get("continue") or 0)
             page = self.objects[start : start + limit]
             metadata: dict[str, Any] = {"resourceVersion": str(self.list_rv)}
@@ -336,3 +343,21 @@ async def test_waiting_reflectors_resume_as_soon_as_the_probe_succeeds(
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_an_expired_continue_token_falls_back_to_one_whole_list(
+    served: tuple[Scripted, Upstream, Store, Metrics],
+) -> None:
+    """Found by review: a paginated relist whose continue token expired started over, page
+    by page, and on a huge collection would expire again; client-go's pager lists whole."""
+    scripted, upstream, store, metrics = served
+    scripted.objects = [cm(f"o{i}", i + 1) for i in range(5)]
+    scripted.expire_continue = 1
+    shape = await shape_for(store)
+    worker = reflector(shape, store, upstream, metrics)
+    worker.watch_list = False
+    await run_until(worker, lambda: shape.rv is not None)
+    assert scripted.list_limits == ["2", "2", None]  # page, expired page, whole list
+    async with store.snapshot(shape) as snapshot:
+        rows = [row async for batch in snapshot.rows for row in batch]
+    assert [name for _, name, _, _ in rows] == [f"o{i}" for i in range(5)]
