@@ -91,6 +91,7 @@ class App:
         self._runners: list[web.AppRunner] = []
         self.store: Store | None = None
         self.syncer: Syncer | None = None
+        self._integrity: asyncio.Task[bool] | None = None
 
     async def start(self) -> None:
         settings = self.settings
@@ -102,6 +103,8 @@ class App:
                 "identity (like kubectl proxy); for development and tests only"
             )
         self.store = store = await Store.open(settings.store_settings(), metrics=self.metrics)
+        # O(size), so in the background: a warm start serves before it has read every page.
+        self._integrity = asyncio.create_task(store.check_integrity(), name="integrity check")
         upstream = await connect(
             ConnectionSettings(kubeconfig=settings.kubeconfig, context=settings.context),
             metrics=self.metrics,
@@ -166,8 +169,8 @@ class App:
             return False, "starting"
         if not self.syncer.ready():
             return False, "configured shapes not serveable yet"
-        if self.store.storage_error:
-            return False, f"storage: {self.store.storage_error}"
+        if self.store.storage_error or self.store.integrity_error:
+            return False, f"storage: {self.store.storage_error or self.store.integrity_error}"
         return True, f"ok (upstream circuit {self.breaker.state.value})"
 
     async def stop(self) -> None:
@@ -177,6 +180,9 @@ class App:
         for runner in reversed(self._runners):
             await runner.cleanup()
         self._runners.clear()
+        if self._integrity is not None:
+            self._integrity.cancel()
+            await asyncio.gather(self._integrity, return_exceptions=True)
         if self.syncer is not None:
             await self.syncer.stop()
         if self.store is not None:

@@ -169,6 +169,13 @@ def migrate(connection: sqlite3.Connection) -> None:
             "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
             (str(SCHEMA_VERSION),),
         )
-    integrity = connection.execute("PRAGMA quick_check").fetchone()[0]
-    if integrity != "ok":
-        raise SchemaError(f"integrity check failed: {integrity}")
+
+
+def integrity_problem(connection: sqlite3.Connection) -> str | None:
+    """``PRAGMA quick_check``: None when the file is sound, else what is wrong.
+
+    It reads every page, so it is O(size): it runs in the background after start, never
+    before a warm start serves (see ``store.Store.check_integrity``).
+    """
+    result = connection.execute("PRAGMA quick_check").fetchone()[0]
+    return None if result == "ok" else str(result)

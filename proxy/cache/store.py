@@ -139,14 +139,23 @@ class Store:
         self.shapes: dict[ShapeKey, Shape] = {}
         self.storage_error: str | None = None
         """The last write failure (disk full, I/O error), cleared by the next success."""
+        self.integrity_error: str | None = None
+        """The background integrity check found the file broken (it stays so)."""
 
     # -- opening ---------------------------------------------------------------------------
 
     @classmethod
     async def open(cls, settings: StoreSettings, *, metrics: Metrics | None = None) -> Store:
-        """Open (or create) the database; a foreign or corrupted file is moved aside."""
+        """Open (or create) the database; a foreign or corrupted file is moved aside: one that
+        does not open, and one that the background integrity check of an earlier run found
+        broken (:meth:`check_integrity` leaves a marker file)."""
         settings.path.parent.mkdir(parents=True, exist_ok=True)
+        marker = _corrupt_marker(settings.path)
         try:
+            if marker.exists():
+                raise schema.SchemaError(
+                    f"an integrity check found it broken: {marker.read_text()}"
+                )
             writer = await cls._connect(settings)
             await _on_thread(writer, schema.migrate)
         except (sqlite3.DatabaseError, schema.SchemaError) as error:
@@ -163,6 +172,7 @@ class Store:
                 source = Path(f"{settings.path}{suffix}")
                 if source.exists():
                     source.rename(f"{aside}{suffix}")
+            marker.unlink(missing_ok=True)
             writer = await cls._connect(settings)
             await _on_thread(writer, schema.migrate)
         await _on_thread(writer, _checkpoint, mode="TRUNCATE")
@@ -467,6 +477,24 @@ class Store:
                 raise StatusError.too_old_resource_version(requested=rv, oldest_resumable=start_rv)
             return int(low) - 1 if batch else int(high)
 
+    async def check_integrity(self) -> bool:
+        """Run SQLite's ``quick_check`` on a reader (in the background: it is O(size)). A
+        broken file is reported (``storage_error``, so /readyz fails; logged; counted) and
+        marked, and the next start moves it aside and rebuilds from upstream."""
+        try:
+            async with self._reader() as db:
+                problem = await _on_thread(db, schema.integrity_problem)
+        except sqlite3.DatabaseError as error:
+            problem = str(error)
+        if problem is None:
+            return True
+        logger.error("database %s failed its integrity check: %s", self.settings.path, problem)
+        _corrupt_marker(self.settings.path).write_text(problem)
+        self.integrity_error = f"integrity check failed ({problem}); rebuilt at the next start"
+        if self.metrics is not None:
+            self.metrics.storage_errors.inc()
+        return False
+
     async def get_object(self, shape: Shape, *, namespace: str, name: str) -> bytes | None:
         """One cached object's raw bytes, or None."""
         async with self._reader() as db:
@@ -615,6 +643,10 @@ def _put_document(
             "VALUES (?, ?, ?, ?, ?, ?)",
             (key, status, headers, body, etag, time.time()),
         )
+
+
+def _corrupt_marker(path: Path) -> Path:
+    return path.with_name(f"{path.name}.corrupt")
 
 
 def _checkpoint(connection: sqlite3.Connection, *, mode: str) -> None:
