@@ -50,6 +50,44 @@ passthroughs are noted too. Before the runs each warmwatch is asked a one-object
 WatchList with each kind's Accept header to see which encoding it answers. Anything odd goes to the notes under the table. Prints one
 markdown table (with its conditions and notes) to stdout, and to --out FILE; progress goes to
 stderr. Warmwatch logs sit next to their databases in DIR (``ww-*.log``).
+
+The million-object bar (``--million``)::
+
+    python -m loadtest.bench --million --dir /tmp/warmwatch-million \\
+        [--sizes 1000000] [--concurrency 256] [--create-budget-min 25] \\
+        [--restarts 3] [--list-runs 3] [--out FILE]
+
+For each N in --sizes (default 1,000,000; each N in its own namespace ``million-N``, created
+from empty, so run ``--sizes 100000`` first to validate), on an idle apiserver (the control
+plane's kube-controller-manager is paused: its garbage collector would watch every object):
+
+- create: N ConfigMaps of 1 KiB (base64 of random bytes) by --concurrency concurrent POSTs
+  (loadtest/kubeapi.py; the apiserver allows 2000 requests in flight); objects/s. When after
+  30 s the rate says N would take longer than --create-budget-min, creating stops at the
+  largest multiple of 50,000 that fits, and that N is measured (a note says so);
+- cold fill: warmwatch on a fresh database with ``--resource v1/configmaps@million-N``,
+  seconds from its start until /readyz on its metrics port answers 200; its VmHWM then;
+- RSS once filled;
+- warm restarts (--restarts, median): stop warmwatch (SIGTERM), start it on the same
+  database; from the spawn: when its API port accepts a connection, when the first body
+  byte of a 200 answer to a LIST (resourceVersion=0, JSON; polled every few ms) arrives,
+  when /readyz says ready, and a LIST's time to first byte once ready. ``python -m proxy
+  --help`` gives the interpreter-and-imports start-up for reference;
+- full LIST MB/s, best of --list-runs: warmwatch (JSON) and the apiserver
+  (``resourceVersion=0``, its watch cache), side by side, one client reading the whole body
+  (aiohttp, which accepts gzip like client-go; the encodings answered are stated);
+- RSS with 100 idle watchers (watch from the cache's RV, bookmarks on), and its peak
+  (VmRSS sampled every 50 ms) while it also serves 4 concurrent full LISTs;
+- relist: warmwatch stopped, the even-numbered half of the objects deleted upstream by
+  concurrent DELETEs, the apiserver restarted (a new watch cache: warmwatch's resume from
+  its old RV gets 410), warmwatch started on its database: seconds from its spawn until its
+  log says ``listed at RV ... (K events appended)``, and its peak RSS meanwhile (VmRSS samples
+  and VmHWM);
+- SQLite file sizes (db + wal) after the fill and after the relist.
+
+Prints ONE markdown table (a column per N) with the wall time of each phase, the relist log
+lines and notes (warnings, errors and tracebacks in warmwatch's log ``DIR/ww-million-N.log``,
+object counts that do not match); to --out FILE too. Progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -57,12 +95,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import functools
 import http.client
 import os
 import shutil
 import ssl
 import statistics
+import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 from collections.abc import Sequence
@@ -71,6 +112,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import orjson
 
 from loadtest import goclient, kubeapi, toxiproxy
 from loadtest.cluster import ControlPlane
@@ -574,6 +616,740 @@ def clients_main(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- the million-object bar (--million) --------------------------------------------------------
+
+MILLION_KB = 1
+"""Data per ConfigMap for --million: base64 of 768 random bytes, 1 KiB."""
+MILLION_SIZES = "1000000"
+MILLION_FILL_TIMEOUT = 3600.0
+MILLION_RELIST_TIMEOUT = 3600.0
+WATCHERS = 100
+CONCURRENT_LISTS = 4
+
+
+def _million_namespace(size: int) -> str:
+    return f"million-{size}"
+
+
+def _name(index: int) -> str:
+    return f"cm-{index:07d}"
+
+
+def _status_kb(pid: int, field_name: str) -> int:
+    """A ``/proc/PID/status`` field in bytes (VmRSS, VmHWM); 0 when the process is gone."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    for line in text.splitlines():
+        if line.startswith(f"{field_name}:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+class RssSampler:
+    """Samples a process's VmRSS on a thread; ``peak`` is the largest sample, ``hwm`` its
+    VmHWM at the last sample (the kernel's own peak since the process started)."""
+
+    def __init__(self, pid: int, *, interval: float = 0.05) -> None:
+        self.pid = pid
+        self.interval = interval
+        self.peak = 0
+        self.hwm = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, _status_kb(self.pid, "VmRSS"))
+            self.hwm = max(self.hwm, _status_kb(self.pid, "VmHWM"))
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _status_kb(self.pid, "VmRSS"))
+        self.hwm = max(self.hwm, _status_kb(self.pid, "VmHWM"))
+
+
+async def _with_retries(call: Any, what: str, *, attempts: int = 8) -> None:
+    """``await call()``, retried on 429/5xx and connection errors with a short backoff."""
+    for attempt in range(attempts):
+        try:
+            await call()
+            return
+        except kubeapi.ApiError as error:
+            if (error.status != 429 and error.status < 500) or attempt == attempts - 1:
+                raise
+        except (TimeoutError, aiohttp.ClientError):
+            if attempt == attempts - 1:
+                raise
+        await asyncio.sleep(0.2 * 2**attempt)
+    raise AssertionError(what)
+
+
+@dataclass(kw_only=True, slots=True)
+class Pool:
+    """Progress of one concurrent create or delete run."""
+
+    done: int = 0
+    seconds: float = 0.0
+    stopped_at: int | None = None
+    """The count it stopped at when the budget would have been exceeded."""
+
+    @property
+    def rate(self) -> float:
+        return self.done / self.seconds if self.seconds > 0 else float("nan")
+
+
+async def _run_pool(
+    what: str,
+    count: int,
+    make: Any,
+    *,
+    api: kubeapi.RawClient,
+    budget: float | None = None,
+    round_to: int = 50_000,
+) -> Pool:
+    """Run ``make(i)`` for i in 0..count-1 with ``api.concurrency`` workers; progress to
+    stderr every 10 s. With ``budget`` (seconds): after 30 s, when the rate says ``count``
+    will not be reached within it, stop at the largest multiple of ``round_to`` that fits."""
+    pool = Pool()
+    limit = count
+    next_index = 0
+    started = time.monotonic()
+
+    async def worker() -> None:
+        nonlocal next_index
+        while next_index < limit:
+            index = next_index
+            next_index += 1
+            await _with_retries(functools.partial(make, index), f"{what} {index}")
+            pool.done += 1
+
+    async def report() -> None:
+        nonlocal limit
+        checked = False
+        while True:
+            await asyncio.sleep(10)
+            elapsed = time.monotonic() - started
+            rate = pool.done / elapsed
+            eta = (limit - pool.done) / rate if rate else float("inf")
+            _say(f"  {what}: {pool.done:,} of {limit:,} ({rate:.0f}/s, ~{eta:.0f} s to go)")
+            if budget is not None and not checked and elapsed >= 30:
+                checked = True
+                fits = int(rate * budget) // round_to * round_to
+                if count / rate > budget and fits < count:
+                    fits = max(fits, round_to, pool.done)
+                    _say(
+                        f"  {what}: {count:,} would take {count / rate / 60:.0f} min at "
+                        f"{rate:.0f}/s, over the budget of {budget / 60:.0f} min: "
+                        f"stopping at {fits:,}"
+                    )
+                    limit = pool.stopped_at = fits
+
+    reporter = asyncio.create_task(report())
+    try:
+        await asyncio.gather(*(worker() for _ in range(api.concurrency)))
+    finally:
+        reporter.cancel()
+    pool.seconds = time.monotonic() - started
+    return pool
+
+
+def _million_configmap(name: str, namespace: str) -> dict[str, Any]:
+    body = kubeapi.configmap(name=name, namespace=namespace)
+    body["data"] = {"payload": base64.b64encode(os.urandom(MILLION_KB * 1024 * 3 // 4)).decode()}
+    return body
+
+
+async def fill_upstream(
+    plane: ControlPlane, *, namespace: str, count: int, concurrency: int, budget: float
+) -> Pool:
+    """Create ``count`` ConfigMaps cm-0000000... in an empty ``namespace``."""
+    path = f"/api/v1/namespaces/{namespace}/configmaps"
+    async with kubeapi.RawClient(
+        base_url=plane.server,
+        concurrency=concurrency,
+        ssl_context=kubeapi.client_ssl(plane.pki, identity="admin"),
+    ) as api:
+        await kubeapi.ensure_namespace(api, namespace)
+        page = await api.get(path, limit="1")
+        if page["items"]:
+            raise SystemExit(f"namespace {namespace} is not empty: use a fresh --dir")
+        return await _run_pool(
+            "create",
+            count,
+            lambda i: api.ensure(path, _million_configmap(_name(i), namespace)),
+            api=api,
+            budget=budget,
+        )
+
+
+async def delete_half(plane: ControlPlane, *, namespace: str, count: int, concurrency: int) -> Pool:
+    """Delete the even-numbered half of cm-0000000..cm-{count-1}: concurrent DELETEs."""
+    path = f"/api/v1/namespaces/{namespace}/configmaps"
+    async with kubeapi.RawClient(
+        base_url=plane.server,
+        concurrency=concurrency,
+        ssl_context=kubeapi.client_ssl(plane.pki, identity="admin"),
+    ) as api:
+        return await _run_pool(
+            "delete", (count + 1) // 2, lambda i: api.delete(f"{path}/{_name(2 * i)}"), api=api
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ListRead:
+    size: int
+    seconds: float
+    first_byte: float
+    encoding: str
+    """The answer's Content-Encoding ("" for identity)."""
+
+    @property
+    def rate(self) -> float:
+        return self.size / self.seconds / 1e6
+
+
+async def _read_list(
+    session: aiohttp.ClientSession, url: str, *, params: dict[str, str] | None = None
+) -> ListRead:
+    """One full LIST, read to its end and discarded (aiohttp's default Accept-Encoding,
+    gzip, as client-go sends; sizes are of the decoded body)."""
+    started = time.perf_counter()
+    async with session.get(url, params=params, headers={"Accept": "application/json"}) as answer:
+        if answer.status != 200:
+            raise RuntimeError(f"LIST {url}: {answer.status} {(await answer.read())[:300]!r}")
+        size = 0
+        first = 0.0
+        async for chunk in answer.content.iter_chunked(1 << 20):
+            if not first:
+                first = time.perf_counter() - started
+            size += len(chunk)
+        encoding = answer.headers.get("Content-Encoding", "")
+    return ListRead(
+        size=size, seconds=time.perf_counter() - started, first_byte=first, encoding=encoding
+    )
+
+
+async def list_reads(
+    url: str,
+    *,
+    ssl_context: ssl.SSLContext | None,
+    runs: int,
+    concurrent: int = 1,
+    params: dict[str, str] | None = None,
+) -> list[ListRead]:
+    connector = aiohttp.TCPConnector(ssl=ssl_context or False, limit=concurrent)
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        reads: list[ListRead] = []
+        for _ in range(runs):
+            reads += await asyncio.gather(
+                *(_read_list(session, url, params=params) for _ in range(concurrent))
+            )
+        return reads
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Restart:
+    """One warm restart: seconds from spawning the process."""
+
+    port_open: float
+    first_list_byte: float
+    status: int
+    ready: float
+    list_ttfb_ready: float
+    """Time to first byte of a LIST asked once /readyz said ready (from the request)."""
+
+
+def _first_list_byte(port: int, path: str, *, deadline: float) -> tuple[float, float, int]:
+    """Poll the API port until a LIST answers: (seconds until the port accepted a
+    connection, until the first body byte of a 200 answer, its status), from now."""
+    started = time.monotonic()
+    opened = 0.0
+    while time.monotonic() < deadline:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        try:
+            connection.connect()
+            if not opened:
+                opened = time.monotonic() - started
+            connection.request("GET", path, headers={"Accept": "application/json"})
+            answer = connection.getresponse()
+            if answer.status == 200 and answer.read(1):
+                return opened, time.monotonic() - started, answer.status
+            answer.read()
+        except OSError:
+            pass
+        finally:
+            connection.close()
+        time.sleep(0.002)
+    raise TimeoutError(f"no LIST answer on port {port}")
+
+
+def warm_restart(sidecar: Sidecar, path: str) -> Restart:
+    """Stop warmwatch, start it on the same database; time the first LIST byte from its
+    cache, then /readyz, then a LIST's time to first byte once ready."""
+    sidecar.stop()
+    started = time.monotonic()
+    sidecar.restart(wait_ready=False)
+    opened, first, status = _first_list_byte(
+        sidecar.port, f"{path}?resourceVersion=0", deadline=started + 600
+    )
+    while sidecar.readyz()[0] != 200:
+        if time.monotonic() - started > 600:
+            raise TimeoutError("warmwatch not ready after a warm restart")
+        time.sleep(0.002)
+    ready = time.monotonic() - started
+    _, ttfb, _ = _first_list_byte(
+        sidecar.port, f"{path}?resourceVersion=0", deadline=time.monotonic() + 60
+    )
+    return Restart(
+        port_open=opened, first_list_byte=first, status=status, ready=ready, list_ttfb_ready=ttfb
+    )
+
+
+def import_startup() -> float:
+    """Seconds for ``python -m proxy --help``: the interpreter and warmwatch's imports."""
+    started = time.monotonic()
+    subprocess.run(
+        [sys.executable, "-m", "proxy", "--help"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    return time.monotonic() - started
+
+
+async def _watch_idle(
+    session: aiohttp.ClientSession, url: str, rv: str, opened: asyncio.Event, counter: list[int]
+) -> None:
+    params = {
+        "watch": "true",
+        "resourceVersion": rv,
+        "allowWatchBookmarks": "true",
+        "timeoutSeconds": "3600",
+    }
+    async with session.get(url, params=params) as answer:
+        if answer.status != 200:
+            raise RuntimeError(f"watch: {answer.status} {(await answer.read())[:300]!r}")
+        counter[0] += 1
+        if counter[0] == WATCHERS:
+            opened.set()
+        async for _ in answer.content.iter_any():
+            pass
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Served4:
+    rss_idle_watchers: int
+    rss_peak: int
+    hwm: int
+    watchers_gauge: float
+    reads: list[ListRead]
+    seconds: float
+
+
+async def serve_under_load(sidecar: Sidecar, path: str) -> Served4:
+    """RSS of warmwatch holding 100 idle watchers, then also serving 4 concurrent full LISTs."""
+    connection = http.client.HTTPConnection("127.0.0.1", sidecar.port, timeout=300)
+    try:
+        connection.request("GET", f"{path}?fieldSelector=metadata.name%3Dcm-none")
+        rv = str(orjson.loads(connection.getresponse().read())["metadata"]["resourceVersion"])
+    finally:
+        connection.close()
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        opened = asyncio.Event()
+        counter = [0]
+        watchers = [
+            asyncio.create_task(_watch_idle(session, f"{sidecar.url}{path}", rv, opened, counter))
+            for _ in range(WATCHERS)
+        ]
+        try:
+            await asyncio.wait_for(opened.wait(), 120)
+            await asyncio.sleep(2)
+            gauge = await asyncio.to_thread(sidecar.metric, "warmwatch_watchers")
+            rss_idle = sidecar.rss_bytes()
+            with RssSampler(sidecar.process.pid) as sampler:
+                started = time.monotonic()
+                reads = await list_reads(
+                    f"{sidecar.url}{path}", ssl_context=None, runs=1, concurrent=CONCURRENT_LISTS
+                )
+                seconds = time.monotonic() - started
+            failed = [w for w in watchers if w.done()]
+            if failed:
+                raise RuntimeError(f"{len(failed)} watchers ended: {failed[0]!r}")
+        finally:
+            for task in watchers:
+                task.cancel()
+            await asyncio.gather(*watchers, return_exceptions=True)
+    return Served4(
+        rss_idle_watchers=rss_idle,
+        rss_peak=sampler.peak,
+        hwm=sampler.hwm,
+        watchers_gauge=gauge,
+        reads=reads,
+        seconds=seconds,
+    )
+
+
+def _db_bytes(db: Path) -> tuple[int, int]:
+    """Sizes of the database file and its WAL."""
+    wal = db.with_name(db.name + "-wal")
+    return db.stat().st_size, wal.stat().st_size if wal.exists() else 0
+
+
+def _log_lines(log: Path, offset: int) -> list[str]:
+    with open(log, "rb") as handle:
+        handle.seek(offset)
+        return handle.read().decode(errors="replace").splitlines()
+
+
+def wait_relisted(
+    sidecar: Sidecar, *, offset: int, started: float, timeout: float
+) -> tuple[float, str]:
+    """Seconds from ``started`` until the log (after ``offset``) says the shape was listed;
+    that line."""
+    while time.monotonic() - started < timeout:
+        if sidecar.process.poll() is not None:
+            raise RuntimeError(f"warmwatch exited {sidecar.process.returncode} while relisting")
+        for line in _log_lines(sidecar.log, offset):
+            if "listed at RV" in line:
+                return time.monotonic() - started, line
+        time.sleep(0.05)
+    raise TimeoutError("warmwatch did not relist")
+
+
+@dataclass(kw_only=True)
+class MillionResult:
+    requested: int
+    size: int = 0
+    create: Pool | None = None
+    fill: float = float("nan")
+    fill_hwm: int = 0
+    rss_filled: int = 0
+    objects_filled: float = float("nan")
+    db_filled: tuple[int, int] = (0, 0)
+    restarts: list[Restart] = field(default_factory=list)
+    ww_lists: list[ListRead] = field(default_factory=list)
+    api_lists: list[ListRead] = field(default_factory=list)
+    served: Served4 | None = None
+    delete: Pool | None = None
+    apiserver_restart: float = float("nan")
+    relist: float = float("nan")
+    relist_line: str = ""
+    relist_peak: int = 0
+    relist_hwm: int = 0
+    objects_relisted: float = float("nan")
+    db_relisted: tuple[int, int] = (0, 0)
+    phases: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+class Phase:
+    """Times one phase into ``result.phases`` and says so on stderr."""
+
+    def __init__(self, result: MillionResult, name: str) -> None:
+        self.result, self.name = result, name
+
+    def __enter__(self) -> Phase:
+        _say(f"N={self.result.requested:,}: {self.name} ...")
+        self.started = time.monotonic()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        seconds = time.monotonic() - self.started
+        self.result.phases[self.name] = seconds
+        _say(f"N={self.result.requested:,}: {self.name} took {seconds:.1f} s")
+
+
+def run_million(
+    plane: ControlPlane, directory: Path, requested: int, args: argparse.Namespace
+) -> MillionResult:
+    result = MillionResult(requested=requested)
+    namespace = _million_namespace(requested)
+    path = f"/api/v1/namespaces/{namespace}/configmaps"
+    admin_ssl = kubeapi.client_ssl(plane.pki, identity="admin")
+    with Phase(result, "create upstream"):
+        result.create = asyncio.run(
+            fill_upstream(
+                plane,
+                namespace=namespace,
+                count=requested,
+                concurrency=args.concurrency,
+                budget=args.create_budget_min * 60,
+            )
+        )
+    size = result.size = result.create.done
+    if result.create.stopped_at is not None:
+        result.notes.append(
+            f"N={requested:,} would have taken {requested / result.create.rate / 60:.0f} min to "
+            f"create at {result.create.rate:.0f}/s (budget {args.create_budget_min:.0f} min): "
+            f"measured at N={size:,} instead"
+        )
+    db = directory / f"ww-million-{requested}.db"
+    for stale in directory.glob(f"ww-million-{requested}.*"):
+        stale.unlink()
+    with Phase(result, "warmwatch cold fill"):
+        started = time.monotonic()
+        sidecar = Sidecar.start(
+            upstream_kubeconfig=plane.admin_kubeconfig,
+            db=db,
+            resources=[f"v1/configmaps@{namespace}"],
+            wait_ready=False,
+        )
+        with RssSampler(sidecar.process.pid, interval=0.2) as sampler:
+            sidecar.wait_ready(timeout=MILLION_FILL_TIMEOUT)
+            result.fill = time.monotonic() - started
+        result.fill_hwm = sampler.hwm
+    try:
+        time.sleep(2)
+        result.rss_filled = sidecar.rss_bytes()
+        result.objects_filled = sidecar.metric("warmwatch_shape_objects")
+        result.db_filled = _db_bytes(db)
+        _say(
+            f"  filled in {result.fill:.1f} s, {result.objects_filled:.0f} objects, RSS "
+            f"{result.rss_filled / 1e6:.0f} MB (peak {result.fill_hwm / 1e6:.0f} MB)"
+        )
+        with Phase(result, "warm restarts"):
+            for _ in range(args.restarts):
+                restart = warm_restart(sidecar, path)
+                _say(f"  {restart}")
+                result.restarts.append(restart)
+            passed = sidecar.metric("warmwatch_passthrough_requests_total")
+            if passed:
+                result.notes.append(
+                    f"N={size:,}: {passed:.0f} requests passed through during the last warm "
+                    "restart (a LIST answered by the apiserver, not the cache?)"
+                )
+        with Phase(result, "full LISTs"):
+            result.ww_lists = asyncio.run(
+                list_reads(f"{sidecar.url}{path}", ssl_context=None, runs=args.list_runs)
+            )
+            result.api_lists = asyncio.run(
+                list_reads(
+                    f"{plane.server}{path}",
+                    ssl_context=admin_ssl,
+                    runs=args.list_runs,
+                    params={"resourceVersion": "0"},
+                )
+            )
+            for read in result.ww_lists + result.api_lists:
+                _say(f"  {read}")
+        with Phase(result, "4 LISTs + 100 watchers"):
+            result.served = asyncio.run(serve_under_load(sidecar, path))
+            _say(f"  {result.served}")
+    finally:
+        sidecar.stop()
+    with Phase(result, "delete half upstream"):
+        result.delete = asyncio.run(
+            delete_half(plane, namespace=namespace, count=size, concurrency=args.concurrency)
+        )
+    with Phase(result, "apiserver restart"):
+        plane.stop_apiserver()
+        plane.start_apiserver()
+    result.apiserver_restart = result.phases["apiserver restart"]
+    with Phase(result, "warmwatch relist"):
+        offset = sidecar.log.stat().st_size
+        started = time.monotonic()
+        sidecar.restart(wait_ready=False)
+        try:
+            with RssSampler(sidecar.process.pid) as sampler:
+                result.relist, result.relist_line = wait_relisted(
+                    sidecar, offset=offset, started=started, timeout=MILLION_RELIST_TIMEOUT
+                )
+            result.relist_peak, result.relist_hwm = sampler.peak, sampler.hwm
+            time.sleep(2)
+            result.objects_relisted = sidecar.metric("warmwatch_shape_objects")
+            result.db_relisted = _db_bytes(db)
+            _say(f"  {result.relist_line}")
+        finally:
+            sidecar.stop()
+    relist_log = _log_lines(sidecar.log, offset)
+    if not any("410" in line or "too old" in line.lower() for line in relist_log):
+        result.notes.append(f"N={size:,}: no 410 seen in the log before the relist")
+    expected = size - result.delete.done
+    if result.objects_relisted != expected:
+        result.notes.append(
+            f"N={size:,}: after the relist warmwatch holds {result.objects_relisted:.0f} "
+            f"objects, expected {expected}"
+        )
+    if result.objects_filled != size:
+        result.notes.append(
+            f"N={size:,}: after the fill warmwatch held {result.objects_filled:.0f} objects"
+        )
+    odd = scan_log(sidecar.log)
+    if odd:
+        result.notes.append(
+            f"{sidecar.log.name}: {len(odd)} warning/error lines, e.g. "
+            + " | ".join(line[:300] for line in odd[:5])
+        )
+    return result
+
+
+def _mb(value: float) -> str:
+    return f"{value / 1e6:,.0f}" if value else "n/a"
+
+
+def million_table(results: Sequence[MillionResult], *, machine: str) -> list[str]:
+    def median(values: Sequence[float]) -> float:
+        return statistics.median(values) if values else float("nan")
+
+    def cells(render: Any) -> str:
+        out = []
+        for result in results:
+            try:
+                out.append(str(render(result)))
+            except (TypeError, ValueError, AttributeError, ZeroDivisionError):
+                out.append("n/a")
+        return " | ".join(out)
+
+    def ms(value: float) -> str:
+        return f"{value * 1000:,.0f} ms"
+
+    def best(reads: Sequence[ListRead]) -> ListRead:
+        return max(reads, key=lambda r: r.rate)
+
+    rows: list[tuple[str, Any]] = [
+        ("objects N (1 KiB random data each)", lambda r: f"{r.size:,}"),
+        (
+            "create upstream: s (objects/s)",
+            lambda r: f"{r.create.seconds:,.0f} s ({r.create.rate:,.0f}/s)",
+        ),
+        (
+            "warmwatch cold fill to /readyz: s (objects/s)",
+            lambda r: f"{r.fill:.1f} s ({r.size / r.fill:,.0f}/s)",
+        ),
+        ("warmwatch peak RSS during the fill (VmHWM), MB", lambda r: _mb(r.fill_hwm)),
+        ("warmwatch RSS filled, MB", lambda r: _mb(r.rss_filled)),
+        (
+            "warm restart: process start → API port open (median)",
+            lambda r: ms(median([x.port_open for x in r.restarts])),
+        ),
+        (
+            "warm restart: process start → first LIST byte from the cache (median; min-max)",
+            lambda r: (
+                f"{ms(median([x.first_list_byte for x in r.restarts]))} "
+                f"({ms(min(x.first_list_byte for x in r.restarts))}-"
+                f"{ms(max(x.first_list_byte for x in r.restarts))})"
+            ),
+        ),
+        (
+            "warm restart: first LIST byte minus port open (median)",
+            lambda r: ms(median([x.first_list_byte - x.port_open for x in r.restarts])),
+        ),
+        (
+            "warm restart: process start → /readyz 200 (median)",
+            lambda r: ms(median([x.ready for x in r.restarts])),
+        ),
+        (
+            "LIST time to first byte once ready (median)",
+            lambda r: ms(median([x.list_ttfb_ready for x in r.restarts])),
+        ),
+        ("full LIST size, MB (JSON)", lambda r: _mb(best(r.ww_lists).size)),
+        (
+            "full LIST from warmwatch: MB/s (s), best of runs",
+            lambda r: f"{best(r.ww_lists).rate:,.0f} ({best(r.ww_lists).seconds:.1f} s)",
+        ),
+        (
+            "full LIST from the apiserver rv=0: MB/s (s), best of runs",
+            lambda r: f"{best(r.api_lists).rate:,.0f} ({best(r.api_lists).seconds:.1f} s)",
+        ),
+        (
+            "warmwatch / apiserver LIST rate",
+            lambda r: f"{best(r.ww_lists).rate / best(r.api_lists).rate:.2f}x",
+        ),
+        ("warmwatch RSS with 100 idle watchers, MB", lambda r: _mb(r.served.rss_idle_watchers)),
+        (
+            "warmwatch peak RSS, 4 concurrent full LISTs + 100 idle watchers, MB",
+            lambda r: _mb(r.served.rss_peak),
+        ),
+        (
+            "4 concurrent full LISTs: s (aggregate MB/s)",
+            lambda r: (
+                f"{r.served.seconds:.1f} s "
+                f"({sum(x.size for x in r.served.reads) / r.served.seconds / 1e6:,.0f})"
+            ),
+        ),
+        ("SQLite db + wal filled, MB", lambda r: f"{_mb(r.db_filled[0])} + {_mb(r.db_filled[1])}"),
+        (
+            "delete half upstream while warmwatch is down: s (objects/s)",
+            lambda r: f"{r.delete.seconds:,.0f} s ({r.delete.done:,} at {r.delete.rate:,.0f}/s)",
+        ),
+        ("apiserver restart (stop, start, /readyz), s", lambda r: f"{r.apiserver_restart:.1f}"),
+        (
+            "relist after half vanished: process start → 'listed at RV', s",
+            lambda r: f"{r.relist:.1f}",
+        ),
+        (
+            "warmwatch peak RSS during the relist, MB",
+            lambda r: _mb(max(r.relist_peak, r.relist_hwm)),
+        ),
+        (
+            "SQLite db + wal after the relist, MB",
+            lambda r: f"{_mb(r.db_relisted[0])} + {_mb(r.db_relisted[1])}",
+        ),
+    ]
+    encodings = sorted(
+        {f"warmwatch {x.encoding or 'identity'}" for r in results for x in r.ww_lists}
+        | {f"apiserver {x.encoding or 'identity'}" for r in results for x in r.api_lists}
+    )
+    lines = [
+        f"The million-object bar ({machine}): N ConfigMaps of 1 KiB of random data in one "
+        "namespace; warmwatch caches `v1/configmaps@NS` (JSON). LIST rates: one client reading "
+        f"the whole body, Accept-Encoding gzip (answers: {', '.join(encodings) or '?'}).",
+        "",
+        "| measure | " + " | ".join(f"N={r.size:,}" for r in results) + " |",
+        "|---|" + "---|" * len(results),
+    ]
+    lines += [f"| {label} | {cells(render)} |" for label, render in rows]
+    notes = [note for r in results for note in r.notes]
+    phases = [
+        f"N={r.size:,}: " + ", ".join(f"{name} {s:,.0f} s" for name, s in r.phases.items())
+        for r in results
+    ]
+    relisted = [f"N={r.size:,}: {r.relist_line.strip()}" for r in results if r.relist_line]
+    lines += ["", "Phases (wall time):", *(f"- {p}" for p in phases)]
+    if relisted:
+        lines += ["", "Relist log lines:", *(f"- `{line}`" for line in relisted)]
+    if notes:
+        lines += ["", "Notes:", *(f"- {note}" for note in notes)]
+    return lines
+
+
+def million_main(args: argparse.Namespace) -> int:
+    sizes = [int(s) for s in (args.sizes or MILLION_SIZES).split(",")]
+    args.dir.mkdir(parents=True, exist_ok=True)
+    directory = args.dir.resolve()
+    plane = ControlPlane(directory / "cp")
+    plane.up()
+    plane.stop_controller_manager()  # an idle apiserver; its garbage collector would watch all
+    results: list[MillionResult] = []
+    try:
+        _say(f"process start-up reference (python -m proxy --help): {import_startup():.2f} s")
+        for size in sizes:
+            results.append(run_million(plane, directory, size, args))
+    finally:
+        if args.keep:
+            plane.start_controller_manager()
+        else:
+            plane.down()
+            shutil.rmtree(directory / "cp", ignore_errors=True)
+    machine = f"{os.cpu_count()} cores, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB"
+    text = "\n".join(million_table(results, machine=machine))
+    print(f"\n{text}")
+    if args.out:
+        args.out.write_text(text + "\n")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m loadtest.bench",
@@ -582,7 +1358,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--dir", type=Path, default=Path("/tmp/warmwatch-bench"))
     parser.add_argument(
-        "--sizes", default=None, help="default 10000,50000,200000; with --clients 10000,100000"
+        "--sizes",
+        default=None,
+        help="default 10000,50000,200000; with --clients 10000,100000; with --million 1000000",
     )
     parser.add_argument("--kb", type=int, default=2, help="data per ConfigMap, KiB")
     parser.add_argument("--keep", action="store_true", help="leave the control plane running")
@@ -592,10 +1370,25 @@ def main(argv: list[str] | None = None) -> int:
     clients.add_argument("--link-latency-ms", type=int, default=25, help="each direction")
     clients.add_argument("--link-jitter-ms", type=int, default=0, help="each direction")
     clients.add_argument("--link-kb", type=int, default=5000, help="KB/s each direction")
-    clients.add_argument("--out", type=Path, help="also write the table to this file")
+    parser.add_argument("--out", type=Path, help="also write the table to this file")
+    million = parser.add_argument_group("--million: the million-object bar")
+    million.add_argument("--million", action="store_true", help="run this benchmark instead")
+    million.add_argument(
+        "--concurrency", type=int, default=256, help="concurrent creates and deletes"
+    )
+    million.add_argument(
+        "--create-budget-min",
+        type=float,
+        default=25,
+        help="stop creating at the largest N (a multiple of 50,000) that fits in this",
+    )
+    million.add_argument("--restarts", type=int, default=3, help="warm restarts (median)")
+    million.add_argument("--list-runs", type=int, default=3, help="full LISTs each (best)")
     args = parser.parse_args(argv)
     if args.clients:
         return clients_main(args)
+    if args.million:
+        return million_main(args)
     sizes = [int(s) for s in (args.sizes or "10000,50000,200000").split(",")]
 
     plane = ControlPlane(args.dir / "cp")

@@ -11,8 +11,13 @@ What runs (all on loopback, started and stopped by the driver):
   (``/registry/configmaps/``, ``/registry/example.com/widgets/``), started before any traffic;
 - traffic straight to the apiserver: creates, updates, label changes (so selectors see objects
   arrive and leave) and deletes of ConfigMaps and widgets in a few namespaces at ``--rate``;
+- toxiproxy (``loadtest.toxiproxy``) with one proxy to the apiserver: warmwatch's upstream
+  goes through it (a kubeconfig from ``kubeconfig_through``); the traffic and the reference
+  stay direct;
 - warmwatch (``loadtest.sidecar``) caching both resources, with a short event log
-  (``--retention-events``), bookmarks every 2 s and a 5 s write timeout;
+  (``--retention-events``), bookmarks every 2 s, a 5 s write timeout and an 8 s
+  ``--upstream-idle-timeout`` (so a blackholed upstream watch is replaced within a short run;
+  once traffic stops, its quiet watches are replaced every 8 s too, which is harmless);
 - clients behind warmwatch. Raw Python watchers that behave like client-go's reflector (LIST
   at RV 0, WATCH from the list RV, resume from the last event or bookmark RV when the stream ends
   or the connection fails, relist after 410), in variants: with and without bookmarks, with a
@@ -28,15 +33,20 @@ What runs (all on loopback, started and stopped by the driver):
   warm with no upstream), ``compaction`` (warmwatch killed, traffic goes on, etcd compacted up to
   what the reference has read, warmwatch restarted: its resume gets 410, it relists and appends
   the difference; see below) and ``client-away`` (a raw client disconnects until warmwatch's log
-  no longer holds its RV, then comes back: 410, relist; counted once it got the 410). warmwatch
-  trims its log once a minute, so while a client is away warmwatch is not restarted and traffic
-  flows (only a short apiserver restart may happen). ``--min-faults`` adds quick faults after
-  ``--minutes`` until that many were injected.
+  no longer holds its RV, then comes back: 410, relist; counted once it got the 410) and
+  ``blackhole`` (toxiproxy's ``timeout`` toxic with timeout 0 in both directions: warmwatch's
+  upstream connections stay open but carry nothing, as when the apiserver's node died or a NAT
+  entry was dropped, for 15-25 s, longer than the idle timeout, then removed; see below).
+  warmwatch trims its log once a minute, so while a client is away warmwatch is not restarted
+  and traffic flows (only a short apiserver restart may happen). ``--min-faults`` adds quick
+  faults after ``--minutes`` until that many were injected; a kind never drawn by then is
+  injected first.
 
 At the end traffic stops, the driver waits (bounded) until every client equals the apiserver's
 state, then checks everything with :func:`loadtest.checking.check` — one run per resource, as a
 reference history is one collection — prints the violations, then exactly one line
-``faults=<n> events=<n checked> violations=<n>``, and exits non-zero on any violation. Each run
+``faults=<n> events=<n checked> violations=<n>``, and exits non-zero on any violation (or
+fault failure, below). Each run
 is written as JSON lines to ``DIR/run-<resource>.jsonl`` (``--recheck`` reads them back), the
 counts to ``DIR/summary.json``; warmwatch's log is ``DIR/warmwatch.log``, the Go programs'
 output ``DIR/go-*.log``.
@@ -49,6 +59,16 @@ The compaction fault restarts the apiserver between compacting etcd and restarti
 the apiserver serves watches from its watch cache, which keeps every event of at least the last
 75 s in memory whatever etcd compacted, so a resume after a short downtime would not see the
 compaction at all. A restarted apiserver's watch cache starts after the compaction.
+
+The blackhole fault waits (bounded) until every shape of warmwatch is current (its RV in the
+database has reached etcd's revision), notes warmwatch's log offset and metrics, adds the toxics
+and, while they hold, reads warmwatch's log for its reflectors' ``...; retrying in`` lines. It
+must find, for each resource, such a line and ``warmwatch_upstream_watch_restarts_total
+{reason="error"}`` grown by at least its number of shapes (every reflector replaced its silent
+watch), and after the toxics are removed every shape must be current again within 120 s. The
+timeline, the log lines and the metric deltas are recorded in ``summary.json``
+(``blackholes``); a blackhole not noticed or not recovered from is a ``fault_failures`` entry,
+printed before the summary line, and fails the run like a violation.
 
 The Go informers are checked as far as their output allows: their event lines carry object RVs
 but no list RVs or bookmarks. For each Go process (one resource) the final store (``digest``)
@@ -71,6 +91,7 @@ import itertools
 import json
 import os
 import random
+import re
 import signal
 import socket
 import sqlite3
@@ -87,7 +108,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from loadtest import goclient, kubeapi
+from loadtest import goclient, kubeapi, toxiproxy
 from loadtest.checking import (
     Bookmarked,
     ClientLog,
@@ -117,7 +138,14 @@ from proxy.kube.selectors import LabelSelector
 CRD_MANIFEST = Path(__file__).resolve().parent / "manifests" / "widgets-crd.yaml"
 INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 TIERS: tuple[str | None, ...] = ("gold", "silver", "bronze", None)
-FAULT_KINDS = ("kill9", "apiserver-restart", "upstream-outage", "compaction", "client-away")
+FAULT_KINDS = (
+    "kill9",
+    "apiserver-restart",
+    "upstream-outage",
+    "compaction",
+    "client-away",
+    "blackhole",
+)
 WRITE_TIMEOUT = 5.0
 """warmwatch's ``--watch-write-timeout``: the slow reader stalls longer than this."""
 
@@ -227,6 +255,12 @@ class Options:
     go_clients: bool = True
     settle: float = 180.0
     """Longest wait, once traffic stopped, for every client to equal the apiserver."""
+    idle_timeout: float = 8.0
+    """warmwatch's ``--upstream-idle-timeout`` (its default, 120 s, is for production)."""
+    blackhole: tuple[float, float] = (15.0, 25.0)
+    """Seconds a ``blackhole`` holds (uniform): longer than ``idle_timeout``."""
+    recovery_limit: float = 120.0
+    """Longest wait for every shape of warmwatch to be current again after a blackhole."""
 
     @property
     def namespace_names(self) -> list[str]:
@@ -874,6 +908,24 @@ class CacheLog:
         finally:
             connection.close()
 
+    def shape_rvs(self) -> dict[str, int | None]:
+        """Each shape's current RV (``shapes.rv``, None before its first list), read now."""
+        if not self.db.exists():
+            return {}
+        try:
+            connection = sqlite3.connect(f"file:{self.db}?mode=ro", uri=True, timeout=2)
+        except sqlite3.Error:
+            return {}
+        try:
+            rows = connection.execute("SELECT key, rv FROM shapes").fetchall()
+        except sqlite3.Error:
+            return {}
+        finally:
+            connection.close()
+        return {
+            str(key): int(rv) if rv is not None and str(rv).isdigit() else None for key, rv in rows
+        }
+
     def relists_of(self, shape: str) -> list[UpstreamRelist]:
         return [
             UpstreamRelist(rv=rv, reached=reached, shape=key)
@@ -903,6 +955,8 @@ class Injector:
         cache: CacheLog,
         clients: Sequence[WatchClient],
         rng: random.Random,
+        link: toxiproxy.Proxy,
+        shapes: Sequence[str],
     ) -> None:
         self.options = options
         self.plane = plane
@@ -911,11 +965,20 @@ class Injector:
         self.cache = cache
         self.clients = clients
         self.rng = rng
+        self.link = link
+        """The toxiproxy proxy warmwatch's upstream connections go through."""
+        self.shapes = shapes
+        """warmwatch's configured shapes (``--resource`` values, the keys of its database)."""
         self.counts: Counter[str] = Counter()
         """Faults injected and completed, by kind (a client-away counts once it got 410)."""
         self.injected = 0
         self.sidecar_expected = True
         self.notes: list[str] = []
+        self.failures: list[str] = []
+        """Faults whose expected reaction did not happen (a blackhole warmwatch did not notice
+        or did not recover from): they fail the run like a violation."""
+        self.blackholes: list[dict[str, Any]] = []
+        """Each blackhole's timeline, warmwatch's log lines and metric deltas."""
 
     # -- building blocks ---------------------------------------------------------------------
 
@@ -1030,6 +1093,121 @@ class Injector:
             return False
         return True
 
+    async def _current(self, limit: float) -> tuple[float | None, int, dict[str, int | None]]:
+        """Wait (at most ``limit``) until every shape's RV in warmwatch's database has reached
+        etcd's revision as read now: (seconds it took or None, that revision, the RVs seen
+        last)."""
+        started = time.monotonic()
+        revision = await current_revision(self.plane.etcd_endpoint)
+        while True:
+            rvs = await asyncio.to_thread(self.cache.shape_rvs)
+            behind = {shape: rvs.get(shape) for shape in self.shapes}
+            if all(rv is not None and rv >= revision for rv in behind.values()):
+                return time.monotonic() - started, revision, behind
+            if time.monotonic() - started > limit:
+                return None, revision, behind
+            await asyncio.sleep(0.5)
+
+    def _upstream_metrics(self) -> dict[str, float]:
+        metric = self.sidecar.metric
+        values = {
+            "watch_errors": metric(
+                "warmwatch_upstream_requests_total", {"verb": "WATCH", "code": "error"}
+            ),
+            "list_errors": metric(
+                "warmwatch_upstream_requests_total", {"verb": "LIST", "code": "error"}
+            ),
+        }
+        for resource in RESOURCES:
+            values[f"watch_restarts_error {resource.flag}"] = metric(
+                "warmwatch_upstream_watch_restarts_total",
+                {"resource": resource.flag, "reason": "error"},
+            )
+        return values
+
+    RETRYING = re.compile(r"proxy\.upstream\.reflecting: (\S+): (.*); retrying in ")
+
+    def _retry_lines(self, offset: int) -> tuple[int, list[str]]:
+        """warmwatch's reflector lines ``...; retrying in`` written after ``offset``."""
+        with self.sidecar.log.open("rb") as log:
+            log.seek(offset)
+            data = log.read()
+        complete = data.rfind(b"\n") + 1  # a line still being written is read next time
+        lines = data[:complete].decode(errors="replace").splitlines()
+        return offset + complete, [line for line in lines if self.RETRYING.search(line)]
+
+    async def blackhole(self) -> None:
+        """Blackhole warmwatch's upstream for longer than its idle timeout (module doc)."""
+        options = self.options
+        record: dict[str, Any] = {}
+        self.blackholes.append(record)
+        ready, _, rvs = await self._current(60.0)
+        if ready is None:
+            self.notes.append(f"blackhole: a shape of warmwatch was not current before: {rvs}")
+            say(f"  warmwatch not current before the blackhole: {rvs}")
+        record["current_before_s"] = None if ready is None else round(ready, 1)
+        before = await asyncio.to_thread(self._upstream_metrics)
+        offset = self.sidecar.log.stat().st_size
+        hold = self.rng.uniform(*options.blackhole)
+        toxics: list[toxiproxy.Toxic] = []
+        started = time.monotonic()
+        first: dict[str, float] = {}
+        lines: list[str] = []
+        try:
+            for stream in ("downstream", "upstream"):
+                toxic = await asyncio.to_thread(self.link.add_timeout, 0, stream=stream)  # type: ignore[arg-type]
+                toxics.append(toxic)
+            say(f"  upstream blackholed for {hold:.1f}s (idle timeout {options.idle_timeout:g}s)")
+            while (elapsed := time.monotonic() - started) < hold:
+                offset, found = await asyncio.to_thread(self._retry_lines, offset)
+                for line in found:
+                    match = self.RETRYING.search(line)
+                    assert match is not None
+                    if match.group(1) not in first:
+                        first[match.group(1)] = round(elapsed, 1)
+                        say(f"  after {elapsed:.1f}s: {line.strip()[:200]}")
+                lines += found
+                await asyncio.sleep(min(0.5, max(0.0, hold - elapsed)))
+            offset, found = await asyncio.to_thread(self._retry_lines, offset)
+            lines += found
+            during = await asyncio.to_thread(self._upstream_metrics)  # before the removal
+        finally:
+            for toxic in toxics:
+                await asyncio.to_thread(self.link.remove_toxic, toxic.name)
+        held = time.monotonic() - started
+        say(f"  blackhole removed after {held:.1f}s; {len(lines)} retrying lines in warmwatch's log")
+        recovered, revision, rvs = await self._current(options.recovery_limit)
+        after = await asyncio.to_thread(self._upstream_metrics)
+        delta = {name: after[name] - before[name] for name in before}
+        record |= {
+            "held_s": round(held, 1),
+            "first_retry_s": first,
+            "retry_lines": len(lines),
+            "retry_examples": [line.strip()[:300] for line in lines[:4]],
+            "during": {name: during[name] - before[name] for name in before},
+            "metrics_delta": delta,
+            "recovered_s": None if recovered is None else round(recovered, 1),
+            "revision_at_removal": revision,
+        }
+        shapes_of = Counter(shape.split(";")[0] for shape in self.shapes)
+        for resource in RESOURCES:
+            restarts = record["during"][f"watch_restarts_error {resource.flag}"]
+            if resource.flag not in first or restarts < shapes_of[resource.flag]:
+                self.failures.append(
+                    f"blackhole {len(self.blackholes)}: warmwatch did not notice for "
+                    f"{resource.flag} within {held:.1f}s (retrying lines: "
+                    f"{resource.flag in first}, watch restarts (error): {restarts:g} for "
+                    f"{shapes_of[resource.flag]} shapes)"
+                )
+        if recovered is None:
+            self.failures.append(
+                f"blackhole {len(self.blackholes)}: warmwatch not current {options.recovery_limit:g}s "
+                f"after the toxics were removed (etcd revision {revision}, shapes {rvs})"
+            )
+            say(f"  warmwatch NOT current after {options.recovery_limit:g}s: {rvs}")
+        else:
+            say(f"  every shape of warmwatch current {recovered:.1f}s after the removal; {delta}")
+
     # -- the schedule ------------------------------------------------------------------------
 
     async def run(self, duration: float) -> None:
@@ -1040,7 +1218,13 @@ class Injector:
         away_at = [started + duration * (index + 0.15) / aways for index in range(aways)]
         away_task: asyncio.Task[bool] | None = None
         candidates = [client for client in self.clients if not client.spec.slow]
-        base = {"kill9": 4.0, "apiserver-restart": 2.0, "upstream-outage": 1.0, "compaction": 1.5}
+        base = {
+            "kill9": 4.0,
+            "apiserver-restart": 2.0,
+            "upstream-outage": 1.0,
+            "compaction": 1.5,
+            "blackhole": 1.5,
+        }
         while time.monotonic() < deadline:
             if away_task is None or away_task.done():
                 if away_task is not None:
@@ -1068,8 +1252,13 @@ class Injector:
             await self.inject(rng.choices(kinds, weights)[0])
         if away_task is not None and await away_task:
             self.counts["client-away"] += 1
-        # At least ``min_faults`` in all, however slow the machine: quick ones, bounded.
+        # Every kind at least once, then at least ``min_faults`` in all, however slow the
+        # machine: quick ones, bounded.
         extra = time.monotonic() + 180
+        for kind in base:
+            if not self.counts[kind] and time.monotonic() < extra:
+                await asyncio.sleep(rng.uniform(*self.options.gap))
+                await self.inject(kind)
         while sum(self.counts.values()) < self.options.min_faults and time.monotonic() < extra:
             await asyncio.sleep(rng.uniform(*self.options.gap))
             kind = rng.choice(("kill9", "apiserver-restart"))
@@ -1087,6 +1276,8 @@ class Injector:
             await self.upstream_outage()
         elif kind == "compaction":
             await self.compaction()
+        elif kind == "blackhole":
+            await self.blackhole()
         else:
             raise ValueError(kind)
         self.counts[kind] += 1
@@ -1171,7 +1362,7 @@ class Driver:
         self.directory.mkdir(parents=True, exist_ok=True)
         for stale in self.directory.glob("warmwatch.*"):
             stale.unlink()
-        for stale in self.directory.glob("go-*.log"):
+        for stale in [*self.directory.glob("go-*.log"), *self.directory.glob("toxiproxy.log")]:
             stale.unlink()
         say(f"control plane in {self.plane.directory}")
         await self._setup_plane()
@@ -1218,19 +1409,43 @@ class Driver:
                 await history.snapshot(etcd)
                 recorders.append(asyncio.create_task(history.record(etcd, stop=recording)))
 
-            # -- warmwatch
-            db = self.directory / "warmwatch.db"
-            sidecar = await asyncio.to_thread(
-                Sidecar.start,
-                upstream_kubeconfig=plane.admin_kubeconfig,
-                db=db,
-                resources=[r.flag for r in RESOURCES] + [f"{CONFIGMAPS.flag};protobuf"],
-                extra=[
-                    f"--retention-events={options.retention_events}",
-                    "--bookmark-interval=2",
-                    f"--watch-write-timeout={WRITE_TIMEOUT:g}",
-                ],
+            # -- toxiproxy between warmwatch and the apiserver
+            link_server = await asyncio.to_thread(
+                toxiproxy.Toxiproxy.start, log=self.directory / "toxiproxy.log"
             )
+            try:
+                link = await asyncio.to_thread(
+                    link_server.create_proxy,
+                    "apiserver",
+                    upstream=f"127.0.0.1:{plane.state().apiserver_port}",
+                )
+                upstream = await asyncio.to_thread(
+                    toxiproxy.kubeconfig_through,
+                    link,
+                    pki=plane.pki,
+                    identity="admin",
+                    path=self.directory / "upstream.kubeconfig",
+                )
+                say(f"warmwatch's upstream through toxiproxy 127.0.0.1:{link.port}")
+
+                # -- warmwatch
+                db = self.directory / "warmwatch.db"
+                shapes = [r.flag for r in RESOURCES] + [f"{CONFIGMAPS.flag};protobuf"]
+                sidecar = await asyncio.to_thread(
+                    Sidecar.start,
+                    upstream_kubeconfig=upstream,
+                    db=db,
+                    resources=shapes,
+                    extra=[
+                        f"--retention-events={options.retention_events}",
+                        "--bookmark-interval=2",
+                        f"--watch-write-timeout={WRITE_TIMEOUT:g}",
+                        f"--upstream-idle-timeout={options.idle_timeout:g}",
+                    ],
+                )
+            except BaseException:
+                await asyncio.to_thread(link_server.stop)
+                raise
             cache = CacheLog(db)
             tasks: list[asyncio.Task[Any]] = [asyncio.create_task(cache.follow())]
             go: list[GoInformer] = []
@@ -1279,6 +1494,8 @@ class Driver:
                     cache=cache,
                     clients=clients,
                     rng=random.Random(rng.random()),
+                    link=link,
+                    shapes=shapes,
                 )
                 watchdog = asyncio.create_task(self._watchdog(injector, recorders))
                 tasks.append(watchdog)
@@ -1311,6 +1528,7 @@ class Driver:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
                 await asyncio.to_thread(sidecar.stop)
+                await asyncio.to_thread(link_server.stop)
                 recording.set()
                 await asyncio.gather(*recorders, return_exceptions=True)
             for recorder in recorders:
@@ -1380,6 +1598,8 @@ class Driver:
             "go_relists": go_relists,
             "traffic": dict(traffic.ops),
             "notes": injector.notes,
+            "fault_failures": injector.failures,
+            "blackholes": injector.blackholes,
             "seconds": round(time.monotonic() - started, 1),
         }
         return report, summary
@@ -1486,6 +1706,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--recheck", type=Path, default=None, metavar="DIR", help="check DIR's runs again"
     )
     args = parser.parse_args(argv)
+    failures: list[str] = []
     if args.recheck is not None:
         report = recheck(args.recheck)
     else:
@@ -1507,10 +1728,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         report, summary = asyncio.run(Driver(options).run())
         (options.directory / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         say(f"summary: {json.dumps(summary)}")
+        failures = summary["fault_failures"]
     for line in report.details():
         print(line)
+    for failure in failures:
+        print(f"fault failure: {failure}")
     print(report.summary_line(), flush=True)
-    return 0 if report.ok else 1
+    return 0 if report.ok and not failures else 1
 
 
 if __name__ == "__main__":
