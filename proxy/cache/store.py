@@ -22,11 +22,10 @@ from typing import Any, TypeVar
 import aiosqlite
 import orjson
 
-from proxy.cache import schema, writing
+from proxy.cache import reading, schema, writing
 from proxy.cache.broadcasting import RING_SIZE, ShapeLog
-from proxy.cache.records import Change, ChangeType, EventRecord, rv_order
+from proxy.cache.records import Change, EventRecord
 from proxy.cache.shapes import Encoding, ShapeKey
-from proxy.kube import versions
 from proxy.kube.status import StatusError
 from proxy.metrics import Metrics
 
@@ -406,76 +405,20 @@ class Store:
         if in_memory is not None:
             return in_memory
         async with self._reader() as db:
-            cursor = await db.execute(
-                "SELECT seq, type, rv, batch, namespace, name, labels, prev_labels, prev_raw, "
-                "raw, at FROM events WHERE shape_id = ? AND seq > ? ORDER BY seq LIMIT ?",
-                (shape.id, after, limit),
+            return await _on_thread(
+                db,
+                reading.events_after,
+                shape_id=shape.id,
+                after=after,
+                limit=limit,
+                last_seq=shape.log.last_seq,
             )
-            rows = await cursor.fetchall()
-        rows = list(rows)
-        if (rows and rows[0][0] != after + 1) or (not rows and after < shape.log.last_seq):
-            # Entries after ``after`` were committed but are gone: trimmed while the watcher
-            # lagged. (Without the second test a watcher whose whole tail was trimmed would
-            # see "nothing new" forever while the log says there is: a busy loop.)
-            raise LogTrimmed(after)
-        return [
-            EventRecord(
-                seq=r[0],
-                type=ChangeType(r[1]),
-                rv=r[2],
-                batch=bool(r[3]),
-                namespace=r[4],
-                name=r[5],
-                labels=r[6],
-                prev_labels=r[7],
-                prev_raw=r[8],
-                raw=r[9],
-                at=r[10],
-            )
-            for r in rows
-        ]
 
     async def position(self, shape: Shape, rv: str) -> int:
-        """The log position (a seq) a watch from ``rv`` starts after.
-
-        Raises ``StatusError`` 410 when ``rv`` is older than the log, and ``TooNew`` when the
-        cache has not reached ``rv`` yet. A client resuming from a relist RV is sent that
-        revision's synthesized events again (docs/design.md §4).
-        """
+        """``reading.position`` of ``rv`` in the shape's log."""
         assert shape.rv is not None and shape.log_start_rv is not None
         async with self._reader() as db:
-            await db.execute("BEGIN")
-            cursor = await db.execute(
-                "SELECT rv, last_seq, log_start_rv FROM shapes WHERE id = ?", (shape.id,)
-            )
-            current_rv, last_seq, start_rv = await cursor.fetchone()  # type: ignore[misc]
-            order = rv_order(rv)
-            if order is not None and rv_order(start_rv) is not None:
-                if versions.compare(rv, start_rv) == -1:
-                    raise StatusError.too_old_resource_version(
-                        requested=rv, oldest_resumable=start_rv
-                    )
-                if versions.compare(rv, current_rv) == 1:
-                    raise TooNew(rv=rv, current=current_rv)
-                cursor = await db.execute(
-                    "SELECT min(seq) FROM events WHERE shape_id = ? AND (rv_order > ? OR "
-                    "(rv_order = ? AND batch = 1 AND EXISTS (SELECT 1 FROM events WHERE "
-                    "shape_id = ? AND rv_order = ? AND batch = 1 AND type = 'BOOKMARK')))",
-                    (shape.id, order, order, shape.id, order),
-                )
-                first = (await cursor.fetchone())[0]  # type: ignore[index]
-                return int(first) - 1 if first is not None else int(last_seq)
-            # Not comparable as integers: the RV must be a position in the log.
-            cursor = await db.execute(
-                "SELECT min(seq), max(seq), max(batch) FROM events WHERE shape_id = ? AND rv = ?",
-                (shape.id, rv),
-            )
-            low, high, batch = await cursor.fetchone()  # type: ignore[misc]
-            if low is None:
-                if rv == current_rv:
-                    return int(last_seq)
-                raise StatusError.too_old_resource_version(requested=rv, oldest_resumable=start_rv)
-            return int(low) - 1 if batch else int(high)
+            return await _on_thread(db, reading.position, shape_id=shape.id, rv=rv)
 
     async def check_integrity(self) -> bool:
         """Run SQLite's ``quick_check`` on a reader (in the background: it is O(size)). A
@@ -542,23 +485,6 @@ class Store:
 class StorageError(Exception):
     """A write failed (disk full, I/O error). Nothing of it was committed: the transaction
     rolled back, so the cache is still the consistent state of the last commit."""
-
-
-class TooNew(Exception):
-    """The cache has not reached the requested RV (yet)."""
-
-    def __init__(self, *, rv: str, current: str) -> None:
-        super().__init__(f"resource version {rv} ahead of the cache at {current}")
-        self.rv = rv
-        self.current = current
-
-
-class LogTrimmed(Exception):
-    """A watcher's position fell out of the retained log while it lagged."""
-
-    def __init__(self, after: int) -> None:
-        super().__init__(f"log entries after seq {after} were trimmed")
-        self.after = after
 
 
 # -- small transactions (writer thread) ----------------------------------------------------

@@ -20,7 +20,8 @@ from aiohttp import web
 
 from proxy.cache.filtering import Filter
 from proxy.cache.records import ChangeType
-from proxy.cache.store import LogTrimmed, Shape, TooNew
+from proxy.cache.reading import LogTrimmed, TooNew
+from proxy.cache.store import Shape
 from proxy.kube.options import ListOptions, WatchStart, WatchStartKind
 from proxy.kube.status import StatusError
 from proxy.serve.context import Context

@@ -11,19 +11,6 @@ from proxy.cache import schema, writing
 from proxy.cache.records import Change, ChangeType, change_from_object
 
 
-@pytest.fixture
-def db() -> sqlite3.Connection:
-    connection = sqlite3.connect(":memory:")
-    schema.migrate(connection)
-    connection.execute(
-        "INSERT INTO shapes (id, key, grp, version, resource, namespace, label_selector, "
-        "field_selector, configured, created_at, used_at) "
-        "VALUES (1, 'v1/configmaps', '', 'v1', 'configmaps', '', '', '', 1, 0, 0)"
-    )
-    connection.commit()
-    return connection
-
-
 def cm(name: str, rv: int, *, labels: dict[str, str] | None = None, ns: str = "a") -> Change:
     obj = {
         "kind": "ConfigMap",

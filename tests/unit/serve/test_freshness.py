@@ -137,7 +137,7 @@ async def test_a_delete_is_waited_for_until_the_object_left_the_cache(world: Any
 async def test_a_watcher_whose_whole_tail_was_trimmed_is_told(world: Any) -> None:
     """Found by review: read_events took "no rows" for "nothing new" although the log had
     moved on, and the watcher spun at 100 % CPU."""
-    from proxy.cache.store import LogTrimmed
+    from proxy.cache.reading import LogTrimmed
 
     _, store, shape = world
     for rv in range(11, 11 + 5):
