@@ -19,8 +19,8 @@ import time
 from aiohttp import web
 
 from proxy.cache.filtering import Filter
-from proxy.cache.records import ChangeType
 from proxy.cache.reading import LogTrimmed, TooNew
+from proxy.cache.records import ChangeType
 from proxy.cache.store import Shape
 from proxy.kube.options import ListOptions, WatchStart, WatchStartKind
 from proxy.kube.status import StatusError
