@@ -1,6 +1,6 @@
 """The cache: one SQLite file, one writer, readers on their own connections.
 
-:class:`Store` is the async shell around ``writing`` (transactions) and ``broadcasting``
+:class:`Store` is the async shell around ``writing`` (transactions) and ``tailing``
 (fan-out). The writer connection serialises every write; each write is one transaction and is
 published to watchers only after it committed. Readers take a consistent snapshot (a read
 transaction in WAL mode) so a LIST streams one RV's state however long it takes.
@@ -23,7 +23,7 @@ import aiosqlite
 import orjson
 
 from proxy.cache import reading, schema, writing
-from proxy.cache.broadcasting import RING_SIZE, ShapeLog
+from proxy.cache.tailing import RING_SIZE, ShapeLog
 from proxy.cache.records import Change, EventRecord
 from proxy.cache.shapes import Encoding, ShapeKey
 from proxy.kube.status import StatusError

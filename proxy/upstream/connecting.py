@@ -114,11 +114,6 @@ class ConnectionSettings:
     ``timeoutSeconds``; reflectors, which ask for bookmarks, pass their own
     (``ReflectorSettings.idle_timeout``)."""
 
-    watch_deadline_slack: float = 30.0
-    """Added to a watch's ``timeoutSeconds`` to give its total limit: the apiserver ends the
-    watch itself at ``timeoutSeconds``, so one still open 30 s later is on a dead connection
-    (HTTP/1.1 has no pings to notice that sooner)."""
-
     connection_limit: int = 100
     """Concurrent connections per session, as kubernetes_asyncio's ``connection_pool_maxsize``.
     Every open watch holds one (HTTP/1.1 has no multiplexing)."""
@@ -317,18 +312,14 @@ class Upstream:
         """The sidecar's current ``Authorization`` header value (refreshed when due)."""
         return await self._auth.header()
 
-    def _timeout(
-        self, *, stream: bool, timeout: float | None, deadline: float | None = None
-    ) -> aiohttp.ClientTimeout:
+    def _timeout(self, *, stream: bool, timeout: float | None) -> aiohttp.ClientTimeout:
         def finite(value: float | None) -> float | None:
             return None if value is None or math.isinf(value) else value
 
         connect = self.settings.connect_timeout
         if stream:
             idle = self.settings.stream_idle_timeout if timeout is None else timeout
-            return aiohttp.ClientTimeout(
-                total=finite(deadline), sock_connect=connect, sock_read=finite(idle)
-            )
+            return aiohttp.ClientTimeout(total=None, sock_connect=connect, sock_read=finite(idle))
         total = self.settings.request_timeout if timeout is None else timeout
         return aiohttp.ClientTimeout(total=finite(total), sock_connect=connect)
 
@@ -494,60 +485,6 @@ class Upstream:
                 f"{method} {target!r}: answer {status} is not a JSON object"
             )
         return decoded
-
-    @contextlib.asynccontextmanager
-    async def watch(
-        self,
-        target: Target,
-        *,
-        params: Params | None = None,
-        headers: Mapping[str, str] | None = None,
-        idle_timeout: float | None = None,
-        credentials: Credentials = "sidecar",
-    ) -> AsyncIterator[AsyncIterator[bytes]]:
-        """Open a watch (or any newline-delimited stream); yield its body chunk by chunk,
-        as the chunks arrive.
-
-        Codes >= 400 raise :class:`UpstreamStatusError` before anything is yielded. When the
-        query has ``timeoutSeconds=T`` the whole stream is limited to T plus
-        ``watch_deadline_slack``: the apiserver ends the watch at T, so a stream still open
-        after that sits on a connection that went silently dead (HTTP/1.1 has no pings).
-        ``idle_timeout`` (default ``stream_idle_timeout``) limits the silence between chunks.
-        Transport errors and timeouts while iterating raise :class:`UpstreamUnavailable`
-        from the iterator itself.
-        """
-        url = self.url(target, params=params)
-        deadline: float | None = None
-        timeout_seconds = url.query.get("timeoutSeconds")
-        if timeout_seconds is not None and timeout_seconds.isdigit():
-            deadline = int(timeout_seconds) + self.settings.watch_deadline_slack
-        request_headers: CIMultiDict[str] = CIMultiDict(headers or {})
-        request_headers.setdefault("Accept", "application/json")
-        async with self._open(
-            "GET",
-            url,
-            headers=request_headers,
-            data=None,
-            client_timeout=self._timeout(stream=True, timeout=idle_timeout, deadline=deadline),
-            credentials=credentials,
-            verb="WATCH",
-            raw=False,
-        ) as response:
-            if response.status >= 400:
-                body = await response.read()
-                raise UpstreamStatusError.from_response(
-                    code=response.status, body=body, headers=response.headers
-                )
-            yield self._chunks(response)
-
-    async def _chunks(self, response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
-        # Map transport errors where they happen, so a caller catching inside its
-        # ``async with`` block sees UpstreamUnavailable too.
-        try:
-            async for chunk in response.content.iter_any():
-                yield chunk
-        except (aiohttp.ClientError, TimeoutError) as error:
-            raise UpstreamUnavailable(_describe(error, self.base_url)) from error
 
     @contextlib.asynccontextmanager
     async def websocket(

@@ -111,7 +111,9 @@ async def test_unreachable(apiserver: Served, upstream: Upstream, metrics: Metri
     with pytest.raises(UpstreamUnavailable, match="unavailable"):
         await upstream.json_request("GET", "/version")
     with pytest.raises(UpstreamUnavailable):
-        async with upstream.watch("/api/v1/namespaces/default/configmaps", params={"watch": "1"}):
+        async with upstream.request(
+            "GET", "/api/v1/namespaces/default/configmaps?watch=1", stream=True, verb="WATCH"
+        ):
             pass
     assert metrics.value("warmwatch_upstream_requests_total", {"verb": "GET", "code": "error"}) == 1
     assert (
@@ -131,17 +133,18 @@ async def test_closed_upstream_refuses_requests(upstream: Upstream) -> None:
         await upstream.json_request("GET", "/version")
 
 
-# --------------------------------------------------------------------------------- watch
+# --------------------------------------------------------------------------------- streams
 
 
-async def test_watch_yields_chunks(upstream: Upstream, fake: FakeApiserver) -> None:
-    data = b""
-    async with upstream.watch(
-        "/api/v1/namespaces/default/configmaps",
-        params={"watch": "1", "resourceVersion": "7", "allowWatchBookmarks": "true"},
-    ) as chunks:
-        async for chunk in chunks:
-            data += chunk
+async def test_a_stream_yields_chunks(upstream: Upstream, fake: FakeApiserver) -> None:
+    async with upstream.request(
+        "GET",
+        ("/api/v1/namespaces/default/configmaps", {"watch": "1", "resourceVersion": "7"}),
+        headers={"Accept": "application/json"},
+        stream=True,
+        verb="WATCH",
+    ) as response:
+        data = b"".join([chunk async for chunk in response.content.iter_any()])
     events = [orjson.loads(line) for line in data.splitlines()]
     assert [e["type"] for e in events] == ["ADDED", "BOOKMARK"]
     assert fake.seen[-1].headers["accept"] == "application/json"
@@ -153,51 +156,24 @@ async def test_watch_yields_chunks(upstream: Upstream, fake: FakeApiserver) -> N
     )
 
 
-async def test_watch_410_raises_before_yielding(upstream: Upstream) -> None:
-    with pytest.raises(UpstreamStatusError) as caught:
-        async with upstream.watch(
-            "/api/v1/namespaces/default/configmaps", params={"watch": "1", "resourceVersion": "1"}
-        ):
-            raise AssertionError("not reached")
-    assert caught.value.code == 410
-    assert caught.value.is_expired
+async def test_a_silent_stream_times_out(upstream: Upstream) -> None:
+    """A stream's ``timeout`` is its read-idle limit (the reflector's dead-connection
+    detector); leaving the block it is UpstreamUnavailable."""
+    first: list[bytes] = []
 
+    async def read_until_silence() -> None:
+        async with upstream.request(
+            "GET",
+            ("/api/v1/namespaces/default/configmaps", {"watch": "1", "stall": "1"}),
+            stream=True,
+            timeout=0.3,
+        ) as response:
+            first.append(await response.content.readany())
+            await response.content.readany()  # silence: the idle limit fires
 
-async def test_watch_idle_timeout(upstream: Upstream) -> None:
-    async with upstream.watch(
-        "/api/v1/namespaces/default/configmaps",
-        params={"watch": "1", "stall": "1"},
-        idle_timeout=0.3,
-    ) as chunks:
-        first = await anext(chunks)
-        assert b"ADDED" in first
-        with pytest.raises(UpstreamUnavailable):
-            await anext(chunks)
-
-
-async def test_watch_deadline_from_timeout_seconds(
-    apiserver: Served, tmp_path: Path, metrics: Metrics
-) -> None:
-    kubeconfig = token_kubeconfig(tmp_path / "kc", server=apiserver.url, token="t")
-    upstream = await connect(
-        ConnectionSettings(kubeconfig=str(kubeconfig), watch_deadline_slack=0.3), metrics=metrics
-    )
-    try:
-
-        async def drain() -> None:
-            async with upstream.watch(
-                "/api/v1/namespaces/default/configmaps",
-                params={"watch": "1", "stall": "1", "timeoutSeconds": "0"},
-            ) as chunks:
-                async for _ in chunks:
-                    pass
-
-        started = asyncio.get_running_loop().time()
-        with pytest.raises(UpstreamUnavailable):
-            await drain()
-        assert asyncio.get_running_loop().time() - started < 3
-    finally:
-        await upstream.close()
+    with pytest.raises(UpstreamUnavailable):
+        await read_until_silence()
+    assert b"ADDED" in first[0]
 
 
 # ------------------------------------------------------------------------ credential sources
