@@ -23,9 +23,9 @@ import aiosqlite
 import orjson
 
 from proxy.cache import reading, schema, writing
-from proxy.cache.tailing import RING_SIZE, ShapeLog
 from proxy.cache.records import Change, EventRecord
 from proxy.cache.shapes import Encoding, ShapeKey
+from proxy.cache.tailing import RING_SIZE, ShapeLog
 from proxy.kube.status import StatusError
 from proxy.metrics import Metrics
 
