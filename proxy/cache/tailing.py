@@ -1,4 +1,4 @@
-"""Fan-out of committed events to watchers, without letting any watcher hold up the writer.
+"""The tail of each shape's event log, in memory: watchers pull from it; the writer never waits.
 
 The writer publishes each committed batch to the shape's :class:`ShapeLog`: a bounded ring of
 the newest records plus a "something new" signal. Watchers pull: each keeps its own cursor
