@@ -32,7 +32,7 @@ What runs (all on loopback, started and stopped by the driver):
   seconds while the clients carry on; halfway warmwatch is killed and restarted, so it starts
   warm with no upstream), ``compaction`` (warmwatch killed, traffic goes on, etcd compacted up to
   what the reference has read, warmwatch restarted: its resume gets 410, it relists and appends
-  the difference; see below) and ``client-away`` (a raw client disconnects until warmwatch's log
+  the difference; see below), ``client-away`` (a raw client disconnects until warmwatch's log
   no longer holds its RV, then comes back: 410, relist; counted once it got the 410) and
   ``blackhole`` (toxiproxy's ``timeout`` toxic with timeout 0 in both directions: warmwatch's
   upstream connections stay open but carry nothing, as when the apiserver's node died or a NAT
@@ -46,10 +46,10 @@ At the end traffic stops, the driver waits (bounded) until every client equals t
 state, then checks everything with :func:`loadtest.checking.check` — one run per resource, as a
 reference history is one collection — prints the violations, then exactly one line
 ``faults=<n> events=<n checked> violations=<n>``, and exits non-zero on any violation (or
-fault failure, below). Each run
-is written as JSON lines to ``DIR/run-<resource>.jsonl`` (``--recheck`` reads them back), the
-counts to ``DIR/summary.json``; warmwatch's log is ``DIR/warmwatch.log``, the Go programs'
-output ``DIR/go-*.log``.
+fault failure, below). Each run is written as JSON lines to ``DIR/run-<resource>.jsonl``
+(``--recheck`` reads them back), the counts to ``DIR/summary.json``; warmwatch's log is
+``DIR/warmwatch.log``, toxiproxy's ``DIR/toxiproxy.log``, the Go programs' output
+``DIR/go-*.log``.
 
 Upstream relists are read from warmwatch's own database while it runs (its log is trimmed):
 a relist leaves a BOOKMARK row with ``batch = 1`` at the relist RV, and the row before the batch
@@ -1155,7 +1155,7 @@ class Injector:
         lines: list[str] = []
         try:
             for stream in ("downstream", "upstream"):
-                toxic = await asyncio.to_thread(self.link.add_timeout, 0, stream=stream)  # type: ignore[arg-type]
+                toxic = await asyncio.to_thread(self.link.add_timeout, 0, stream=stream)
                 toxics.append(toxic)
             say(f"  upstream blackholed for {hold:.1f}s (idle timeout {options.idle_timeout:g}s)")
             while (elapsed := time.monotonic() - started) < hold:
@@ -1175,7 +1175,9 @@ class Injector:
             for toxic in toxics:
                 await asyncio.to_thread(self.link.remove_toxic, toxic.name)
         held = time.monotonic() - started
-        say(f"  blackhole removed after {held:.1f}s; {len(lines)} retrying lines in warmwatch's log")
+        say(
+            f"  blackhole removed after {held:.1f}s; {len(lines)} retrying lines in warmwatch's log"
+        )
         recovered, revision, rvs = await self._current(options.recovery_limit)
         after = await asyncio.to_thread(self._upstream_metrics)
         delta = {name: after[name] - before[name] for name in before}

@@ -173,6 +173,10 @@ class Reflector:
         self.fill = FillProgress(filled=shape.rv is not None)
         self._denied = 0
         """Consecutive 403/404 answers while the shape is filled (see ``revoke_after``)."""
+        self._relist = False
+        """A 410 asked for a relist; cleared when a list is committed (:meth:`_finish`), not
+        when ``_list`` returns: a WatchList goes on as the watch inside it, and a failure of
+        that watch must resume from the relisted RV, not list the collection again."""
         self.lists = 0
         """Upstream lists made by this reflector (fills and relists)."""
 
@@ -182,13 +186,11 @@ class Reflector:
 
     async def run(self) -> Ending:
         """Keep the shape in step until cancelled, or until it must not be cached (Ending)."""
-        relist = False
         while True:
             try:
                 await self._admitted()
-                if self.shape.rv is None or relist:
+                if self.shape.rv is None or self._relist:
                     await self._list()
-                    relist = False
                 started = time.monotonic()
                 await self._watch()
                 if time.monotonic() - started > self.settings.healthy_after:
@@ -200,7 +202,7 @@ class Reflector:
                     expired.__cause__ or expired,
                     self.shape.rv,
                 )
-                relist = True
+                self._relist = True
             except UpstreamStatusError as error:
                 if self.shape.rv is None and _refuses(error.code):
                     self.fill.set(FillState.REFUSED, refusal=error)
@@ -334,6 +336,7 @@ class Reflector:
         appended = await self.store.finish_list(
             self.shape, rv=rv, kind=kind, api_version=api_version
         )
+        self._relist = False
         logger.info("%s: listed at RV %s (%d events appended)", self.resource, rv, appended)
         self.fill.set(FillState.FILLED)
         self._observe_rv(rv)

@@ -361,3 +361,38 @@ async def test_an_expired_continue_token_falls_back_to_one_whole_list(
     async with store.snapshot(shape) as snapshot:
         rows = [row async for batch in snapshot.rows for row in batch]
     assert [name for _, name, _, _ in rows] == [f"o{i}" for i in range(5)]
+
+
+async def test_a_watch_that_fails_after_a_relist_resumes_instead_of_relisting(
+    served: tuple[Scripted, Upstream, Store, Metrics],
+) -> None:
+    """Found by the blackhole fault: a WatchList relist goes on as the watch; when that watch
+    failed, the reflector listed the whole collection again instead of resuming from the RV
+    it had just committed."""
+    scripted, upstream, store, metrics = served
+    end = {
+        "kind": "ConfigMap",
+        "apiVersion": "v1",
+        "metadata": {
+            "resourceVersion": "10",
+            "annotations": {"k8s.io/initial-events-end": "true"},
+        },
+    }
+    scripted.watch_list = (
+        200,
+        {},
+        [
+            {"type": "ADDED", "object": cm("o", 1)},
+            {"type": "BOOKMARK", "object": end},
+            {"type": "ERROR", "object": status(500, "InternalError")},
+        ],
+    )
+    scripted.watches = [(200, {}, [{"type": "ERROR", "object": status(410, "Expired")}])]
+    shape = await shape_for(store)
+    worker = reflector(shape, store, upstream, metrics)
+
+    def kinds() -> list[str]:
+        return [k for _, k in scripted.requests]
+
+    await run_until(worker, lambda: len(kinds()) >= 4)
+    assert kinds()[:4] == ["WATCHLIST", "WATCH", "WATCHLIST", "WATCH"]
