@@ -308,7 +308,14 @@ def with_resource_version(raw: bytes | memoryview, resource_version: str) -> byt
 
 
 def partial_object_metadata(raw: bytes | memoryview) -> bytes:
-    """``PartialObjectMetadata { 1: ObjectMeta }`` of an object's message."""
+    """``PartialObjectMetadata { 1: ObjectMeta }`` of an object's message.
+
+    The apiserver writes ObjectMeta first, so that message is the object's own first field,
+    byte for byte: a slice, without reading the rest of the object."""
+    if raw[:1] == b"\x0a":
+        length, at = read_varint(raw, 1)
+        if at + length <= len(raw):
+            return bytes(raw[: at + length])
     meta = _first(raw, 1)
     return delimited(1, meta if meta is not None else b"")
 
