@@ -14,6 +14,7 @@ cache: protobuf shapes in its log, and its cache's list bytes are the protobuf a
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import re
 from collections.abc import Callable, Sequence
@@ -40,6 +41,24 @@ KUBECTL_KINDS = {"configmaps": "configmaps", "deployments": "deployments.apps", 
 def resources_in(namespace: str, *names: str) -> list[str]:
     gvr = {"configmaps": "v1/configmaps", "deployments": "apps/v1/deployments", "pods": "v1/pods"}
     return [f"{gvr[name]}@{namespace}" for name in names]
+
+
+def protobuf_informer(
+    start_goclient: Callable[..., GoClient],
+    resources: list[str],
+    watch_list: bool,
+    kubeconfig: Path,
+) -> GoClient:
+    """client-go typed informers in protobuf (kube-controller-manager's kind), with
+    whole-object digests."""
+    return start_goclient(
+        kubeconfig=kubeconfig,
+        resources=resources,
+        watch_list=watch_list,
+        mode="typed",
+        protobuf=True,
+        object_digest=True,
+    )
 
 
 def kubectl_kind(resource: str) -> str:
@@ -283,15 +302,7 @@ async def test_typed_protobuf_informers_through_warmwatch_equal_direct(
     resources = resources_in(namespace, "configmaps", "deployments", "pods")
     sidecar = start_sidecar()  # learns the shapes from the clients' requests
 
-    def typed(kubeconfig: Path) -> GoClient:
-        return start_goclient(
-            kubeconfig=kubeconfig,
-            resources=resources,
-            watch_list=watch_list,
-            mode="typed",
-            protobuf=True,
-            object_digest=True,
-        )
+    typed = functools.partial(protobuf_informer, start_goclient, resources, watch_list)
 
     direct = typed(plane.admin_kubeconfig)
     through = typed(sidecar.kubeconfig)
@@ -437,15 +448,7 @@ async def test_protobuf_informer_restarts_warm_without_relisting(
     resources = resources_in(namespace, "configmaps", "deployments")
     sidecar = start_sidecar(resources=[f"{r};protobuf" for r in resources])
 
-    def typed(kubeconfig: Path) -> GoClient:
-        return start_goclient(
-            kubeconfig=kubeconfig,
-            resources=resources,
-            watch_list=watch_list,
-            mode="typed",
-            protobuf=True,
-            object_digest=True,
-        )
+    typed = functools.partial(protobuf_informer, start_goclient, resources, watch_list)
 
     first = typed(sidecar.kubeconfig)
     # A second informer stays up across warmwatch's restart: client-go resumes its watch from
