@@ -126,15 +126,14 @@ _HTML_UNSAFE = (
 )
 
 
-def go_json_bytes(value: Any, *, indent: bool = False) -> bytes:
-    """Serialise like the apiserver's JSON encoder: compact (or, with ``indent``, indented by
-    two spaces as ``json.MarshalIndent``), and with ``<``, ``>``, ``&``, U+2028 and U+2029
-    escaped as ``\\u003c``-style sequences (Go's default HTML escaping).
+def go_json_bytes(value: Any) -> bytes:
+    """Serialise like the apiserver's JSON encoder: compact, with ``<``, ``>``, ``&``, U+2028
+    and U+2029 escaped as ``\\u003c``-style sequences (Go's default HTML escaping).
 
     Those characters can only occur inside JSON strings, so replacing them in orjson's output
     is exact. Key order is the caller's (insertion order).
     """
-    raw = orjson.dumps(value, option=orjson.OPT_INDENT_2 if indent else None)
+    raw = orjson.dumps(value)
     for plain, escaped in _HTML_UNSAFE:
         if plain in raw:
             raw = raw.replace(plain, escaped)

@@ -2,7 +2,7 @@
 
 Every error the proxy returns to a client is a :class:`StatusError`: as an HTTP answer its
 ``code`` is the HTTP status and :meth:`StatusError.to_payload` the JSON body; inside a watch
-stream, :meth:`StatusError.to_watch_event` is the ERROR event. Constructors mirror
+stream it is the object of an ERROR event (``serve.rendering``). Constructors mirror
 apimachinery's ``pkg/api/errors`` (``NewBadRequest``, ``NewInvalid``, ...) and apiserver's
 ``pkg/storage`` helpers (``NewTooLargeResourceVersionError``), with their exact texts.
 
@@ -30,7 +30,7 @@ from typing import Any
 
 from proxy.kube.field_errors import FieldError, aggregate_message
 from proxy.kube.gocompat import go_json_bytes, go_quote
-from proxy.kube.payloads import ListMeta, StatusCause, StatusDetails, StatusPayload, WatchEvent
+from proxy.kube.payloads import ListMeta, StatusCause, StatusDetails, StatusPayload
 
 __all__ = [
     "Cause",
@@ -149,19 +149,6 @@ class Details:
         )
 
 
-_CONTINUE_EXPIRED = (
-    "The provided continue parameter is too old to display a consistent list result. "
-    "You can start a new list without the continue parameter."
-)
-_INCONSISTENT_CONTINUE = (
-    "The provided continue parameter is too old to display a consistent list result. "
-    "You can start a new list without the continue parameter, or use the continue token in "
-    "this response to retrieve the remainder of the results. Continuing with the provided "
-    "token results in an inconsistent list - objects that were created, modified, or deleted "
-    "between the time the first chunk was returned and now may show up in the list."
-)
-
-
 def qualified_name(*, group: str, name: str) -> str:
     """``schema.GroupResource.String()`` / ``GroupKind.String()``: ``name.group``, or ``name``
     for the core group."""
@@ -233,20 +220,13 @@ class StatusError(Exception):
         payload["code"] = self.code
         return payload  # type: ignore[return-value]
 
-    def to_json(self, *, pretty: bool = False) -> bytes:
-        """The Status as JSON, escaped like Go (``<>&``), without a trailing newline.
-        ``pretty``: indented by two spaces like Go's ``json.MarshalIndent``."""
-        return go_json_bytes(self.to_payload(), indent=pretty)
+    def to_json(self) -> bytes:
+        """The Status as JSON, escaped like Go (``<>&``), without a trailing newline."""
+        return go_json_bytes(self.to_payload())
 
-    def to_http_body(self, *, pretty: bool = False) -> bytes:
-        """The HTTP error body byte for byte: compact JSON plus ``\\n``, or (``pretty``, used
-        by the apiserver when the ``Accept`` header matched nothing it serves) the indented
-        JSON with no newline."""
-        return self.to_json(pretty=True) if pretty else self.to_json() + b"\n"
-
-    def to_watch_event(self) -> WatchEvent:
-        """The ERROR event reporting this failure inside a watch stream."""
-        return {"type": "ERROR", "object": self.to_payload()}
+    def to_http_body(self) -> bytes:
+        """The HTTP error body byte for byte: compact JSON plus ``\\n``."""
+        return self.to_json() + b"\n"
 
     @classmethod
     def from_payload(
@@ -326,73 +306,9 @@ class StatusError(Exception):
         return cls.forbidden(group=group, resource=resource, name=name, reason=text)
 
     @classmethod
-    def not_found(cls, *, group: str, resource: str, name: str) -> StatusError:
-        """404 NotFound (``NewNotFound``): ``configmaps "x" not found``."""
-        return cls(
-            code=404,
-            reason=Reason.NOT_FOUND,
-            message=f"{qualified_name(group=group, name=resource)} {go_quote(name)} not found",
-            details=Details(group=group, kind=resource, name=name),
-        )
-
-    @classmethod
-    def method_not_supported(cls, *, group: str, resource: str, action: str) -> StatusError:
-        """405 MethodNotAllowed (``NewMethodNotSupported``), e.g. watch of a resource that
-        has no watch."""
-        qualified = qualified_name(group=group, name=resource)
-        return cls(
-            code=405,
-            reason=Reason.METHOD_NOT_ALLOWED,
-            message=f"{action} is not supported on resources of kind {go_quote(qualified)}",
-            details=Details(group=group, kind=resource),
-        )
-
-    @classmethod
-    def not_acceptable(cls, accepted: Sequence[str]) -> StatusError:
-        """406 NotAcceptable from content negotiation:
-        ``only the following media types are accepted: a, b``."""
-        return cls(
-            code=406,
-            reason=Reason.NOT_ACCEPTABLE,
-            message="only the following media types are accepted: " + ", ".join(accepted),
-        )
-
-    @classmethod
-    def not_acceptable_representation(cls, available: Sequence[str]) -> StatusError:
-        """406 from route matching, when no media type of the ``Accept`` header is served at
-        all (``NewGenericServerResponse`` of go-restful's error): message
-        ``406: Not Acceptable\\n\\nAvailable representations: a, b``, empty details. The
-        apiserver writes it with ``to_http_body(pretty=True)``."""
-        return cls(
-            code=406,
-            reason=Reason.NOT_ACCEPTABLE,
-            message="406: Not Acceptable\n\nAvailable representations: " + ", ".join(available),
-            details=Details(),
-        )
-
-    @classmethod
     def expired(cls, message: str, *, continue_token: str | None = None) -> StatusError:
         """410 Expired (``NewResourceExpired``)."""
         return cls(code=410, reason=Reason.EXPIRED, message=message, continue_token=continue_token)
-
-    @classmethod
-    def list_expired(cls) -> StatusError:
-        """410 for an Exact/paginated LIST at a revision etcd has compacted."""
-        return cls.expired("The resourceVersion for the provided list is too old.")
-
-    @classmethod
-    def watch_expired(cls) -> StatusError:
-        """410 for a watch etcd itself reports as compacted (outside the watch cache)."""
-        return cls.expired("The resourceVersion for the provided watch is too old.")
-
-    @classmethod
-    def continue_expired(cls, *, continue_token: str | None) -> StatusError:
-        """410 for a continue token whose revision was compacted. With ``continue_token``
-        (a fresh token with ``rv=-1``, to finish the list at the latest revision,
-        inconsistently) it carries the apiserver's longer text and ``metadata.continue``."""
-        if continue_token is None:
-            return cls.expired(_CONTINUE_EXPIRED)
-        return cls.expired(_INCONSISTENT_CONTINUE, continue_token=continue_token)
 
     @classmethod
     def too_old_resource_version(
