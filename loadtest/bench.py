@@ -63,7 +63,7 @@ plane's kube-controller-manager is paused: its garbage collector would watch eve
 
 - create: N ConfigMaps of 1 KiB (base64 of random bytes) by --concurrency concurrent POSTs
   (loadtest/kubeapi.py; the apiserver allows 2000 requests in flight); objects/s. When after
-  30 s the rate says N would take longer than --create-budget-min, creating stops at the
+  90 s the rate says N would take longer than --create-budget-min, creating stops at the
   largest multiple of 50,000 that fits, and that N is measured (a note says so);
 - cold fill: warmwatch on a fresh database with ``--resource v1/configmaps@million-N``,
   seconds from its start until /readyz on its metrics port answers 200; its VmHWM then;
@@ -72,10 +72,11 @@ plane's kube-controller-manager is paused: its garbage collector would watch eve
   database; from the spawn: when its API port accepts a connection, when the first body
   byte of a 200 answer to a LIST (resourceVersion=0, JSON; polled every few ms) arrives,
   when /readyz says ready, and a LIST's time to first byte once ready. ``python -m proxy
-  --help`` gives the interpreter-and-imports start-up for reference;
+  --help`` (median of 3) gives the interpreter-and-imports start-up for reference;
 - full LIST MB/s, best of --list-runs: warmwatch (JSON) and the apiserver
   (``resourceVersion=0``, its watch cache), side by side, one client reading the whole body
-  (aiohttp, which accepts gzip like client-go; the encodings answered are stated);
+  (aiohttp, which accepts gzip like client-go; the encodings answered are stated), and the
+  apiserver once more with ``Accept-Encoding: identity`` (no gzip work on its side);
 - RSS with 100 idle watchers (watch from the cache's RV, bookmarks on), and its peak
   (VmRSS sampled every 50 ms) while it also serves 4 concurrent full LISTs;
 - relist: warmwatch stopped, the even-numbered half of the objects deleted upstream by
@@ -99,6 +100,7 @@ import functools
 import http.client
 import os
 import shutil
+import sqlite3
 import ssl
 import statistics
 import subprocess
@@ -716,7 +718,7 @@ async def _run_pool(
     round_to: int = 50_000,
 ) -> Pool:
     """Run ``make(i)`` for i in 0..count-1 with ``api.concurrency`` workers; progress to
-    stderr every 10 s. With ``budget`` (seconds): after 30 s, when the rate says ``count``
+    stderr every 10 s. With ``budget`` (seconds): after 90 s, when the rate says ``count``
     will not be reached within it, stop at the largest multiple of ``round_to`` that fits."""
     pool = Pool()
     limit = count
@@ -740,7 +742,7 @@ async def _run_pool(
             rate = pool.done / elapsed
             eta = (limit - pool.done) / rate if rate else float("inf")
             _say(f"  {what}: {pool.done:,} of {limit:,} ({rate:.0f}/s, ~{eta:.0f} s to go)")
-            if budget is not None and not checked and elapsed >= 30:
+            if budget is not None and not checked and elapsed >= 90:
                 checked = True
                 fits = int(rate * budget) // round_to * round_to
                 if count / rate > budget and fits < count:
@@ -810,30 +812,53 @@ class ListRead:
     first_byte: float
     encoding: str
     """The answer's Content-Encoding ("" for identity)."""
+    error: str = ""
+    """Why the answer ended before its end (cut by the server): size and seconds are up to
+    then."""
 
     @property
     def rate(self) -> float:
         return self.size / self.seconds / 1e6
 
+    def describe(self) -> str:
+        if self.error:
+            return f"cut after {self.seconds:.0f} s, {self.size / 1e6:,.0f} MB read ({self.error})"
+        return f"{self.rate:,.0f} ({self.seconds:.1f} s)"
+
 
 async def _read_list(
-    session: aiohttp.ClientSession, url: str, *, params: dict[str, str] | None = None
+    session: aiohttp.ClientSession,
+    url: str,
+    *,
+    params: dict[str, str] | None = None,
+    identity: bool = False,
 ) -> ListRead:
     """One full LIST, read to its end and discarded (aiohttp's default Accept-Encoding,
-    gzip, as client-go sends; sizes are of the decoded body)."""
+    gzip, as client-go sends, unless ``identity``; sizes are of the decoded body)."""
     started = time.perf_counter()
-    async with session.get(url, params=params, headers={"Accept": "application/json"}) as answer:
+    headers = {"Accept": "application/json"}
+    if identity:
+        headers["Accept-Encoding"] = "identity"
+    async with session.get(url, params=params, headers=headers) as answer:
         if answer.status != 200:
             raise RuntimeError(f"LIST {url}: {answer.status} {(await answer.read())[:300]!r}")
         size = 0
         first = 0.0
-        async for chunk in answer.content.iter_chunked(1 << 20):
-            if not first:
-                first = time.perf_counter() - started
-            size += len(chunk)
+        error = ""
         encoding = answer.headers.get("Content-Encoding", "")
+        try:
+            async for chunk in answer.content.iter_chunked(1 << 20):
+                if not first:
+                    first = time.perf_counter() - started
+                size += len(chunk)
+        except aiohttp.ClientPayloadError as cut:
+            error = type(cut.__cause__ or cut).__name__
     return ListRead(
-        size=size, seconds=time.perf_counter() - started, first_byte=first, encoding=encoding
+        size=size,
+        seconds=time.perf_counter() - started,
+        first_byte=first,
+        encoding=encoding,
+        error=error,
     )
 
 
@@ -844,6 +869,7 @@ async def list_reads(
     runs: int,
     concurrent: int = 1,
     params: dict[str, str] | None = None,
+    identity: bool = False,
 ) -> list[ListRead]:
     connector = aiohttp.TCPConnector(ssl=ssl_context or False, limit=concurrent)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
@@ -851,7 +877,10 @@ async def list_reads(
         reads: list[ListRead] = []
         for _ in range(runs):
             reads += await asyncio.gather(
-                *(_read_list(session, url, params=params) for _ in range(concurrent))
+                *(
+                    _read_list(session, url, params=params, identity=identity)
+                    for _ in range(concurrent)
+                )
             )
         return reads
 
@@ -914,16 +943,20 @@ def warm_restart(sidecar: Sidecar, path: str) -> Restart:
     )
 
 
-def import_startup() -> float:
-    """Seconds for ``python -m proxy --help``: the interpreter and warmwatch's imports."""
-    started = time.monotonic()
-    subprocess.run(
-        [sys.executable, "-m", "proxy", "--help"],
-        check=True,
-        stdout=subprocess.DEVNULL,
-        cwd=Path(__file__).resolve().parents[1],
-    )
-    return time.monotonic() - started
+def import_startup(runs: int = 3) -> float:
+    """Seconds for ``python -m proxy --help`` (median of ``runs``): the interpreter and the
+    imports of warmwatch's command line."""
+    seconds = []
+    for _ in range(runs):
+        started = time.monotonic()
+        subprocess.run(
+            [sys.executable, "-m", "proxy", "--help"],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            cwd=Path(__file__).resolve().parents[1],
+        )
+        seconds.append(time.monotonic() - started)
+    return statistics.median(seconds)
 
 
 async def _watch_idle(
@@ -1006,6 +1039,15 @@ def _db_bytes(db: Path) -> tuple[int, int]:
     return db.stat().st_size, wal.stat().st_size if wal.exists() else 0
 
 
+def _count_objects(db: Path) -> int:
+    """Objects in warmwatch's database (read-only; one shape here)."""
+    connection = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
+    try:
+        return int(connection.execute("SELECT count(*) FROM objects").fetchone()[0])
+    finally:
+        connection.close()
+
+
 def _log_lines(log: Path, offset: int) -> list[str]:
     with open(log, "rb") as handle:
         handle.seek(offset)
@@ -1035,11 +1077,12 @@ class MillionResult:
     fill: float = float("nan")
     fill_hwm: int = 0
     rss_filled: int = 0
-    objects_filled: float = float("nan")
+    objects_filled: int = 0
     db_filled: tuple[int, int] = (0, 0)
     restarts: list[Restart] = field(default_factory=list)
     ww_lists: list[ListRead] = field(default_factory=list)
     api_lists: list[ListRead] = field(default_factory=list)
+    api_plain_lists: list[ListRead] = field(default_factory=list)
     served: Served4 | None = None
     delete: Pool | None = None
     apiserver_restart: float = float("nan")
@@ -1047,7 +1090,7 @@ class MillionResult:
     relist_line: str = ""
     relist_peak: int = 0
     relist_hwm: int = 0
-    objects_relisted: float = float("nan")
+    objects_relisted: int = 0
     db_relisted: tuple[int, int] = (0, 0)
     phases: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
@@ -1071,9 +1114,9 @@ class Phase:
 
 
 def run_million(
-    plane: ControlPlane, directory: Path, requested: int, args: argparse.Namespace
-) -> MillionResult:
-    result = MillionResult(requested=requested)
+    plane: ControlPlane, directory: Path, result: MillionResult, args: argparse.Namespace
+) -> None:
+    requested = result.requested
     namespace = _million_namespace(requested)
     path = f"/api/v1/namespaces/{namespace}/configmaps"
     admin_ssl = kubeapi.client_ssl(plane.pki, identity="admin")
@@ -1112,7 +1155,7 @@ def run_million(
     try:
         time.sleep(2)
         result.rss_filled = sidecar.rss_bytes()
-        result.objects_filled = sidecar.metric("warmwatch_shape_objects")
+        result.objects_filled = _count_objects(db)
         result.db_filled = _db_bytes(db)
         _say(
             f"  filled in {result.fill:.1f} s, {result.objects_filled:.0f} objects, RSS "
@@ -1141,11 +1184,34 @@ def run_million(
                     params={"resourceVersion": "0"},
                 )
             )
-            for read in result.ww_lists + result.api_lists:
+            result.api_plain_lists = asyncio.run(
+                list_reads(
+                    f"{plane.server}{path}",
+                    ssl_context=admin_ssl,
+                    runs=args.list_runs,
+                    params={"resourceVersion": "0"},
+                    identity=True,
+                )
+            )
+            for read in result.ww_lists + result.api_lists + result.api_plain_lists:
                 _say(f"  {read}")
+            cut = [
+                r for r in result.ww_lists + result.api_lists + result.api_plain_lists if r.error
+            ]
+            for read in cut:
+                source = "warmwatch" if read in result.ww_lists else "the apiserver"
+                result.notes.append(
+                    f"N={size:,}: a full LIST from {source} "
+                    f"({read.encoding or 'identity'}) was {read.describe()}"
+                )
         with Phase(result, "4 LISTs + 100 watchers"):
             result.served = asyncio.run(serve_under_load(sidecar, path))
             _say(f"  {result.served}")
+            for read in result.served.reads:
+                if read.error:
+                    result.notes.append(
+                        f"N={size:,}: one of the 4 concurrent LISTs was {read.describe()}"
+                    )
     finally:
         sidecar.stop()
     with Phase(result, "delete half upstream"):
@@ -1154,7 +1220,14 @@ def run_million(
         )
     with Phase(result, "apiserver restart"):
         plane.stop_apiserver()
-        plane.start_apiserver()
+        for attempt in range(10):  # its watch cache of N/2 objects may take a while
+            try:
+                plane.start_apiserver()
+                break
+            except TimeoutError:
+                _say(f"  apiserver not ready yet (attempt {attempt + 1}); waiting on")
+        else:
+            raise TimeoutError("the apiserver did not get ready after its restart")
     result.apiserver_restart = result.phases["apiserver restart"]
     with Phase(result, "warmwatch relist"):
         offset = sidecar.log.stat().st_size
@@ -1167,11 +1240,11 @@ def run_million(
                 )
             result.relist_peak, result.relist_hwm = sampler.peak, sampler.hwm
             time.sleep(2)
-            result.objects_relisted = sidecar.metric("warmwatch_shape_objects")
             result.db_relisted = _db_bytes(db)
             _say(f"  {result.relist_line}")
         finally:
             sidecar.stop()
+    result.objects_relisted = _count_objects(db)
     relist_log = _log_lines(sidecar.log, offset)
     if not any("410" in line or "too old" in line.lower() for line in relist_log):
         result.notes.append(f"N={size:,}: no 410 seen in the log before the relist")
@@ -1179,7 +1252,7 @@ def run_million(
     if result.objects_relisted != expected:
         result.notes.append(
             f"N={size:,}: after the relist warmwatch holds {result.objects_relisted:.0f} "
-            f"objects, expected {expected}"
+            f"objects, expected {expected:,}"
         )
     if result.objects_filled != size:
         result.notes.append(
@@ -1191,14 +1264,13 @@ def run_million(
             f"{sidecar.log.name}: {len(odd)} warning/error lines, e.g. "
             + " | ".join(line[:300] for line in odd[:5])
         )
-    return result
 
 
 def _mb(value: float) -> str:
     return f"{value / 1e6:,.0f}" if value else "n/a"
 
 
-def million_table(results: Sequence[MillionResult], *, machine: str) -> list[str]:
+def million_table(results: Sequence[MillionResult], *, machine: str, startup: float) -> list[str]:
     def median(values: Sequence[float]) -> float:
         return statistics.median(values) if values else float("nan")
 
@@ -1215,7 +1287,14 @@ def million_table(results: Sequence[MillionResult], *, machine: str) -> list[str
         return f"{value * 1000:,.0f} ms"
 
     def best(reads: Sequence[ListRead]) -> ListRead:
-        return max(reads, key=lambda r: r.rate)
+        """The fastest complete read; the longest cut one when none completed."""
+        whole = [read for read in reads if not read.error]
+        if whole:
+            return max(whole, key=lambda r: r.rate)
+        return max(reads, key=lambda r: r.seconds)
+
+    def ratio(x: ListRead, y: ListRead) -> str:
+        return "n/a (cut)" if x.error or y.error else f"{x.rate / y.rate:.2f}x"
 
     rows: list[tuple[str, Any]] = [
         ("objects N (1 KiB random data each)", lambda r: f"{r.size:,}"),
@@ -1228,6 +1307,7 @@ def million_table(results: Sequence[MillionResult], *, machine: str) -> list[str
             lambda r: f"{r.fill:.1f} s ({r.size / r.fill:,.0f}/s)",
         ),
         ("warmwatch peak RSS during the fill (VmHWM), MB", lambda r: _mb(r.fill_hwm)),
+        ("objects in warmwatch's database after the fill", lambda r: f"{r.objects_filled:,}"),
         ("warmwatch RSS filled, MB", lambda r: _mb(r.rss_filled)),
         (
             "warm restart: process start → API port open (median)",
@@ -1256,15 +1336,22 @@ def million_table(results: Sequence[MillionResult], *, machine: str) -> list[str
         ("full LIST size, MB (JSON)", lambda r: _mb(best(r.ww_lists).size)),
         (
             "full LIST from warmwatch: MB/s (s), best of runs",
-            lambda r: f"{best(r.ww_lists).rate:,.0f} ({best(r.ww_lists).seconds:.1f} s)",
+            lambda r: best(r.ww_lists).describe(),
         ),
         (
             "full LIST from the apiserver rv=0: MB/s (s), best of runs",
-            lambda r: f"{best(r.api_lists).rate:,.0f} ({best(r.api_lists).seconds:.1f} s)",
+            lambda r: best(r.api_lists).describe(),
         ),
         (
-            "warmwatch / apiserver LIST rate",
-            lambda r: f"{best(r.ww_lists).rate / best(r.api_lists).rate:.2f}x",
+            "full LIST from the apiserver rv=0, Accept-Encoding identity: MB/s (s)",
+            lambda r: best(r.api_plain_lists).describe(),
+        ),
+        (
+            "warmwatch / apiserver LIST rate (gzip; identity)",
+            lambda r: (
+                f"{ratio(best(r.ww_lists), best(r.api_lists))}; "
+                f"{ratio(best(r.ww_lists), best(r.api_plain_lists))}"
+            ),
         ),
         ("warmwatch RSS with 100 idle watchers, MB", lambda r: _mb(r.served.rss_idle_watchers)),
         (
@@ -1304,7 +1391,8 @@ def million_table(results: Sequence[MillionResult], *, machine: str) -> list[str
     lines = [
         f"The million-object bar ({machine}): N ConfigMaps of 1 KiB of random data in one "
         "namespace; warmwatch caches `v1/configmaps@NS` (JSON). LIST rates: one client reading "
-        f"the whole body, Accept-Encoding gzip (answers: {', '.join(encodings) or '?'}).",
+        f"the whole body, Accept-Encoding gzip (answers: {', '.join(encodings) or '?'}). "
+        f"Process start-up reference, `python -m proxy --help`: {startup * 1000:,.0f} ms.",
         "",
         "| measure | " + " | ".join(f"N={r.size:,}" for r in results) + " |",
         "|---|" + "---|" * len(results),
@@ -1332,10 +1420,19 @@ def million_main(args: argparse.Namespace) -> int:
     plane.up()
     plane.stop_controller_manager()  # an idle apiserver; its garbage collector would watch all
     results: list[MillionResult] = []
+    startup = float("nan")
     try:
-        _say(f"process start-up reference (python -m proxy --help): {import_startup():.2f} s")
+        startup = import_startup()
+        _say(f"process start-up reference (python -m proxy --help): {startup:.2f} s")
         for size in sizes:
-            results.append(run_million(plane, directory, size, args))
+            result = MillionResult(requested=size)
+            results.append(result)
+            try:
+                run_million(plane, directory, result, args)
+            except Exception as error:  # the table still shows what was measured
+                result.notes.append(f"N={size:,}: FAILED: {error!r}"[:2000])
+                _say(f"N={size:,}: FAILED: {error!r}")
+                break
     finally:
         if args.keep:
             plane.start_controller_manager()
@@ -1343,7 +1440,7 @@ def million_main(args: argparse.Namespace) -> int:
             plane.down()
             shutil.rmtree(directory / "cp", ignore_errors=True)
     machine = f"{os.cpu_count()} cores, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB"
-    text = "\n".join(million_table(results, machine=machine))
+    text = "\n".join(million_table(results, machine=machine, startup=startup))
     print(f"\n{text}")
     if args.out:
         args.out.write_text(text + "\n")
