@@ -1,0 +1,870 @@
+"""Watch fan-out: how fast, and how late, warmwatch delivers upstream writes to many watchers.
+
+    python -m loadtest.fanout --dir /tmp/warmwatch-fanout [--watchers 100] [--seconds 60] \\
+        [--selector-watchers 20] [--direct 5] [--writers 32] [--size 256] \\
+        [--client-procs 2] [--out FILE] [--keep]
+
+One run, side by side, on a control plane of its own (loadtest/cluster.py, in DIR/cp; its
+kube-controller-manager is paused, so nothing else watches) and a warmwatch configured with
+``--resource v1/configmaps@fanout`` (loadtest/sidecar.py; database and log ``DIR/fanout.*``):
+
+- W watchers through warmwatch (--watchers; --selector-watchers of them with label selectors
+  that objects enter and leave as their ``tier`` label changes, the others unfiltered) and
+  --direct unfiltered watchers on the apiserver, the reference. Each is one aiohttp streaming
+  watch (JSON, ``allowWatchBookmarks``, its own connection), open before the writes start;
+  the watchers run in --client-procs worker processes for warmwatch and one for the direct
+  ones, so the light reference process is not slowed by the heavy one. Each chunk read from a
+  socket is stamped with ``time.monotonic()`` (system-wide on Linux, so comparable across
+  processes) and every event in it is recorded as (resourceVersion, receive time). A watch
+  that ends early is resumed from its last RV like a client would, and counted.
+- For --seconds, --writers concurrent writers create and update ConfigMaps of ~--size bytes in
+  the namespace as fast as the apiserver takes them: 20 % creates, 80 % merge patches of a
+  random existing object that set a random ``tier`` (a-d) and a new ``data.seq``, so every
+  write is an event. Each write's resourceVersion and completion time are kept.
+- Added lag per event = its receive time on a warmwatch watcher minus the earliest receive
+  time of the same resourceVersion (every write has its own) on a direct watcher; p50 / p99 /
+  max over all events of all warmwatch watchers, over 10-second windows of the run (does it
+  grow?), and the absolute lag from the write's completion (the writer's answer; it can come
+  after the apiserver's watch event, so it can be negative) for both paths. Completeness:
+  each warmwatch watcher's events against what it should have got (every write, or the writes
+  that entered, stayed in or left its selector).
+- warmwatch's own figures: ``warmwatch_events_in_total`` and ``warmwatch_events_out_total``
+  over the write window (events/s), its CPU seconds (utime+stime from /proc/PID/stat) per
+  1,000 ingested events from the start of the writes until the watchers have drained, its
+  RSS (idle, with watchers, after), its delivery-lag histogram (commit to write), watchers
+  open, passthrough requests, and warnings/errors in its log.
+
+Prints ONE markdown table (the run's parameters and the load average during it included) to
+stdout and to --out FILE; progress goes to stderr. Nothing is asserted: a measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import math
+import multiprocessing
+import os
+import random
+import re
+import shutil
+import sys
+import time
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+import aiohttp
+
+from loadtest import kubeapi, pki
+from loadtest.cluster import ControlPlane
+from loadtest.sidecar import Sidecar
+
+NAMESPACE = "fanout"
+SHAPE = f"v1/configmaps@{NAMESPACE}"
+PATH = f"/api/v1/namespaces/{NAMESPACE}/configmaps"
+TIERS = "abcd"
+SELECTORS: dict[str, frozenset[str]] = {
+    "tier=a": frozenset("a"),
+    "tier in (a,b)": frozenset("ab"),
+    "tier!=c": frozenset("abd"),
+    "tier notin (a,b,c)": frozenset("d"),
+}
+"""The label selectors of the selector watchers, and the tiers each admits."""
+CREATE_SHARE = 0.2
+KNOWN_WARNING = "--client-auth none: every local caller"
+"""The warning every harness-run warmwatch logs at start (loadtest/sidecar.py's choice)."""
+WINDOW = 10.0
+"""Seconds per window of the lag-over-time figures."""
+
+EVENT = re.compile(
+    rb'"type":"([A-Z]+)","object":\{.*?"metadata":\{"name":"[^"]*".*?"resourceVersion":"(\d+)"'
+)
+"""An object event in a JSON watch line (the apiserver's field order, which warmwatch keeps:
+the stored bytes are the apiserver's). One pass over a chunk in C, not a JSON decode per line:
+the clients must cost as little as they can, they share the 2 cores with what they measure."""
+
+
+def _say(message: str) -> None:
+    print(f"[fanout] {message}", file=sys.stderr, flush=True)
+
+
+# -- watch clients (worker processes) ---------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupSpec:
+    """One worker process's watchers: where they watch, and each one's selector (None: all)."""
+
+    name: str
+    base_url: str
+    pki_dir: str | None
+    selectors: list[str | None]
+    timeout_seconds: int
+
+
+@dataclass(kw_only=True)
+class Received:
+    """What one watcher received: parallel arrays of resourceVersion and receive time."""
+
+    group: str
+    selector: str | None
+    rvs: array[int] = field(default_factory=lambda: array("q"))
+    times: array[float] = field(default_factory=lambda: array("d"))
+    types: dict[str, int] = field(default_factory=dict)
+    lines: int = 0
+    bookmarks: int = 0
+    errors: list[str] = field(default_factory=list)
+    ends: int = 0
+    """Streams that ended (or failed) before the run did; each was resumed."""
+    last_rv: str = ""
+
+
+def _worker(spec: GroupSpec, conn: Connection) -> None:
+    """Worker process: open the watches, say "ready", record until "stop", send the records."""
+    asyncio.run(_watch_group(spec, conn))
+
+
+async def _watch_group(spec: GroupSpec, conn: Connection) -> None:
+    ssl_context = (
+        kubeapi.client_ssl(pki.Pki(directory=Path(spec.pki_dir)), identity="admin")
+        if spec.pki_dir
+        else None
+    )
+    records = [Received(group=spec.name, selector=s) for s in spec.selectors]
+    connected = [asyncio.Event() for _ in records]
+    stopping = asyncio.Event()
+    async with kubeapi.RawClient(
+        base_url=spec.base_url, ssl_context=ssl_context, concurrency=len(records) + 4
+    ) as api:
+        tasks = [
+            asyncio.create_task(_follow(api, r, c, stopping, spec.timeout_seconds))
+            for r, c in zip(records, connected, strict=True)
+        ]
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(120):
+                await asyncio.gather(*(c.wait() for c in connected))
+        conn.send(("ready", sum(c.is_set() for c in connected)))
+        await asyncio.to_thread(conn.recv)  # "stop"
+        stopping.set()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    cpu = os.times()
+    conn.send(("done", records, cpu.user + cpu.system, run_queue_wait(os.getpid())))
+    conn.close()
+
+
+async def _follow(
+    api: kubeapi.RawClient,
+    record: Received,
+    connected: asyncio.Event,
+    stopping: asyncio.Event,
+    timeout_seconds: int,
+) -> None:
+    """One watcher: watch, record every event, resume from its last RV when the stream ends."""
+    rvs, times, types = record.rvs, record.times, record.types
+    while not stopping.is_set():
+        params = {
+            "watch": "true",
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(timeout_seconds),
+        }
+        if record.selector:
+            params["labelSelector"] = record.selector
+        if record.last_rv:
+            params["resourceVersion"] = record.last_rv
+        try:
+            async with api.session.get(
+                PATH, params=params, headers={"Accept-Encoding": "identity"}
+            ) as response:
+                if response.status != 200:
+                    body = await response.read()
+                    record.errors.append(f"HTTP {response.status}: {body[:300]!r}")
+                    record.ends += 1
+                    await asyncio.sleep(0.5)
+                    continue
+                connected.set()
+                pending = b""
+                async for chunk in response.content.iter_any():
+                    now = time.monotonic()
+                    data = pending + chunk if pending else chunk
+                    cut = data.rfind(b"\n")
+                    if cut < 0:
+                        pending = data
+                        continue
+                    pending = data[cut + 1 :]
+                    whole = data[: cut + 1]
+                    record.lines += whole.count(b"\n")
+                    if b'"type":"BOOKMARK"' in whole:
+                        record.bookmarks += whole.count(b'"type":"BOOKMARK"')
+                    if b'"type":"ERROR"' in whole:
+                        for line in whole.splitlines():
+                            if b'"type":"ERROR"' in line:
+                                record.errors.append(line[:300].decode(errors="replace"))
+                    last = b""
+                    for match in EVENT.finditer(whole):
+                        kind, rv = match.group(1), match.group(2)
+                        rvs.append(int(rv))
+                        times.append(now)
+                        name = kind.decode()
+                        types[name] = types.get(name, 0) + 1
+                        last = rv
+                    if last:
+                        record.last_rv = last.decode()
+            if not stopping.is_set():
+                record.ends += 1
+        except asyncio.CancelledError:
+            raise
+        except (aiohttp.ClientError, OSError) as error:
+            if stopping.is_set():
+                return
+            record.errors.append(f"{type(error).__name__}: {error}")
+            record.ends += 1
+            await asyncio.sleep(0.5)
+
+
+@dataclass
+class Group:
+    spec: GroupSpec
+    process: multiprocessing.process.BaseProcess
+    conn: Connection
+    ready: int = 0
+    records: list[Received] = field(default_factory=list)
+    cpu: float = 0.0
+    run_wait: float = 0.0
+
+
+def start_groups(specs: Sequence[GroupSpec]) -> list[Group]:
+    context = multiprocessing.get_context("spawn")
+    groups = []
+    for spec in specs:
+        mine, theirs = context.Pipe()
+        process = context.Process(target=_worker, args=(spec, theirs), name=spec.name)
+        process.start()
+        theirs.close()
+        groups.append(Group(spec=spec, process=process, conn=mine))
+    for group in groups:
+        if not group.conn.poll(180):
+            raise TimeoutError(f"watch group {group.spec.name} not ready")
+        _, group.ready = group.conn.recv()
+        _say(f"{group.spec.name}: {group.ready} of {len(group.spec.selectors)} watches open")
+    return groups
+
+
+def stop_groups(groups: Sequence[Group]) -> None:
+    for group in groups:
+        group.conn.send("stop")
+    for group in groups:
+        if group.conn.poll(300):
+            _, group.records, group.cpu, group.run_wait = group.conn.recv()
+        group.process.join(30)
+        if group.process.is_alive():
+            group.process.kill()
+            group.process.join()
+
+
+# -- writes -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Write:
+    done: float
+    name: str
+    tier: str
+    create: bool
+
+
+@dataclass(kw_only=True)
+class Writes:
+    by_rv: dict[int, Write] = field(default_factory=dict)
+    errors: int = 0
+    error_samples: list[str] = field(default_factory=list)
+    started: float = 0.0
+    ended: float = 0.0
+    load: list[float] = field(default_factory=list)
+    """1-minute load average, sampled every 5 s during the writes."""
+    rss: list[int] = field(default_factory=list)
+
+
+async def write_for(
+    plane: ControlPlane,
+    *,
+    seconds: float,
+    writers: int,
+    size: int,
+    sidecar_pid: int,
+) -> Writes:
+    """Create and update ConfigMaps with --writers in flight for ``seconds``."""
+    result = Writes()
+    live: list[str] = []
+    counter = 0
+    rng = random.Random(42)
+    async with kubeapi.RawClient(
+        base_url=plane.server,
+        concurrency=writers,
+        ssl_context=kubeapi.client_ssl(plane.pki, identity="admin"),
+    ) as api:
+
+        async def writer(deadline: float) -> None:
+            nonlocal counter
+            while time.monotonic() < deadline:
+                counter += 1
+                seq, tier = counter, rng.choice(TIERS)
+                create = not live or rng.random() < CREATE_SHARE
+                try:
+                    if create:
+                        name = f"cm-{seq:07d}"
+                        body = kubeapi.configmap(
+                            name=name, namespace=NAMESPACE, size=size, labels={"tier": tier}
+                        )
+                        body["data"]["seq"] = str(seq)
+                        obj = await api.create(PATH, body)
+                        live.append(name)
+                    else:
+                        name = rng.choice(live)
+                        obj = await api.merge_patch(
+                            f"{PATH}/{name}",
+                            {"metadata": {"labels": {"tier": tier}}, "data": {"seq": str(seq)}},
+                        )
+                except (kubeapi.ApiError, aiohttp.ClientError, OSError) as error:
+                    result.errors += 1
+                    if len(result.error_samples) < 5:
+                        result.error_samples.append(repr(error)[:300])
+                    await asyncio.sleep(0.1)
+                    continue
+                rv = int(obj["metadata"]["resourceVersion"])
+                result.by_rv[rv] = Write(time.monotonic(), name, tier, create)
+
+        async def sample(deadline: float) -> None:
+            while time.monotonic() < deadline:
+                result.load.append(os.getloadavg()[0])
+                result.rss.append(rss_bytes(sidecar_pid))
+                await asyncio.sleep(5)
+
+        result.started = time.monotonic()
+        deadline = result.started + seconds
+        await asyncio.gather(sample(deadline), *(writer(deadline) for _ in range(writers)))
+        result.ended = time.monotonic()
+    return result
+
+
+# -- warmwatch's side -------------------------------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of ``pid`` (/proc/PID/stat), seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_queue_wait(pid: int) -> float:
+    """Seconds the threads of ``pid`` waited on a run queue (/proc/PID/task/*/schedstat)."""
+    total = 0
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                total += int((task / "schedstat").read_text().split()[1])
+    return total / 1e9
+
+
+def rss_bytes(pid: int, field_name: str = "VmRSS") -> int:
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(f"{field_name}:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sample:
+    at: float
+    events_in: float
+    events_out: float
+    passthrough: float
+    watchers: float
+    cpu: float
+    rss: int
+    lag_buckets: dict[float, float]
+    commit_buckets: dict[float, float]
+    run_wait: float
+    """Seconds its threads spent runnable but waiting for a CPU (schedstat): the machine's
+    contention, as this process felt it."""
+
+
+def parse_buckets(text: str, name: str) -> dict[float, float]:
+    buckets: dict[float, float] = {}
+    for line in text.splitlines():
+        if line.startswith(f"{name}_bucket{{"):
+            series, _, value = line.rpartition(" ")
+            le = re.search(r'le="([^"]+)"', series)
+            if le:
+                bound = math.inf if le.group(1) == "+Inf" else float(le.group(1))
+                buckets[bound] = buckets.get(bound, 0.0) + float(value)
+    return buckets
+
+
+def metric_sum(text: str, name: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and line[len(name) : len(name) + 1] in ("{", " "):
+            total += float(line.rpartition(" ")[2])
+    return total
+
+
+def sample(sidecar: Sidecar) -> Sample:
+    text = sidecar.metrics()
+    return Sample(
+        at=time.monotonic(),
+        events_in=metric_sum(text, "warmwatch_events_in_total"),
+        events_out=metric_sum(text, "warmwatch_events_out_total"),
+        passthrough=metric_sum(text, "warmwatch_passthrough_requests_total"),
+        watchers=metric_sum(text, "warmwatch_watchers"),
+        cpu=cpu_seconds(sidecar.process.pid),
+        rss=sidecar.rss_bytes(),
+        lag_buckets=parse_buckets(text, "warmwatch_event_delivery_lag_seconds"),
+        commit_buckets=parse_buckets(text, "warmwatch_commit_duration_seconds"),
+        run_wait=run_queue_wait(sidecar.process.pid),
+    )
+
+
+def drain(sidecar: Sidecar, *, quiet: float = 3.0, limit: float = 180.0) -> Sample:
+    """Wait until warmwatch has written nothing more for ``quiet`` seconds (at most ``limit``)."""
+    started = time.monotonic()
+    last = sample(sidecar)
+    still_since = last.at
+    while time.monotonic() - started < limit:
+        time.sleep(0.5)
+        now = sample(sidecar)
+        if now.events_out != last.events_out:
+            still_since = now.at
+            last = now
+        elif now.at - still_since >= quiet:
+            return last
+    return sample(sidecar)
+
+
+# -- figures ----------------------------------------------------------------------------------
+
+
+def quantile(sorted_values: Sequence[float], q: float) -> float:
+    if not sorted_values:
+        return math.nan
+    index = min(len(sorted_values) - 1, max(0, math.ceil(q * len(sorted_values)) - 1))
+    return sorted_values[index]
+
+
+def ms(value: float) -> str:
+    return "n/a" if math.isnan(value) else f"{value * 1000:.1f}"
+
+
+def pcts(unsorted: Sequence[float]) -> str:
+    values = sorted(unsorted)
+    return (
+        f"{ms(quantile(values, 0.5))} / {ms(quantile(values, 0.99))} / "
+        f"{ms(values[-1] if values else math.nan)}"
+    )
+
+
+def histogram_quantile(buckets: dict[float, float], q: float) -> float:
+    """Upper bound of the bucket that holds quantile ``q``."""
+    total = buckets.get(math.inf, 0.0)
+    if total <= 0:
+        return math.nan
+    for bound in sorted(buckets):
+        if buckets[bound] >= q * total:
+            return bound
+    return math.inf
+
+
+def expected_rvs(writes: Writes) -> dict[str | None, set[int]]:
+    """The RVs each kind of watcher should receive: every write, or for a selector the writes
+    whose object is in it after or was in it before (ADDED, MODIFIED, DELETED)."""
+    expected: dict[str | None, set[int]] = {None: set(writes.by_rv)}
+    for selector in SELECTORS:
+        expected[selector] = set()
+    tier_of: dict[str, str] = {}
+    for rv in sorted(writes.by_rv):
+        write = writes.by_rv[rv]
+        before = tier_of.get(write.name)
+        tier_of[write.name] = write.tier
+        for selector, tiers in SELECTORS.items():
+            if write.tier in tiers or (before is not None and before in tiers):
+                expected[selector].add(rv)
+    return expected
+
+
+def log_findings(log: Path, since: int) -> tuple[int, int, list[str]]:
+    """Warnings and errors (or tracebacks) in warmwatch's log after byte ``since``."""
+    text = log.read_bytes()[since:].decode(errors="replace")
+    warnings = errors = 0
+    samples: list[str] = []
+    for line in text.splitlines():
+        if KNOWN_WARNING in line:
+            continue
+        if " WARNING " in line or "WARNING:" in line:
+            warnings += 1
+        elif " ERROR " in line or "Traceback" in line or "ERROR:" in line:
+            errors += 1
+        else:
+            continue
+        if len(samples) < 5:
+            samples.append(line.strip()[:300])
+    return warnings, errors, samples
+
+
+def report(
+    args: argparse.Namespace,
+    *,
+    writes: Writes,
+    direct: list[Received],
+    via: list[Received],
+    idle: Sample,
+    before: Sample,
+    at_end: Sample,
+    drained: Sample,
+    hwm: int,
+    harness_cpu: float,
+    clients_run_wait: float,
+    load_before: float,
+    load_after: float,
+    log: tuple[int, int, list[str]],
+) -> list[str]:
+    notes: list[str] = []
+    window = writes.ended - writes.started
+    start = writes.started
+
+    # Reference: the earliest direct receive time of each RV, and how far the direct ones differ.
+    reference: dict[int, float] = {}
+    latest: dict[int, float] = {}
+    for record in direct:
+        for rv, t in zip(record.rvs, record.times, strict=True):
+            if rv not in reference or t < reference[rv]:
+                reference[rv] = t
+            if t > latest.get(rv, -math.inf):
+                latest[rv] = t
+    spread = array("d", (latest[rv] - reference[rv] for rv in reference))
+    direct_abs = array(
+        "d", (reference[rv] - w.done for rv, w in writes.by_rv.items() if rv in reference)
+    )
+    direct_missing = [len(set(writes.by_rv) - set(r.rvs)) for r in direct]
+
+    expected = expected_rvs(writes)
+    # Arrays of doubles, not lists of floats: 100 watchers x 60 s x ~1,000 writes/s is millions.
+    added_plain: array[float] = array("d")
+    added_selector: array[float] = array("d")
+    absolute: array[float] = array("d")
+    windows: dict[int, array[float]] = {}
+    unmatched = missing = duplicates = expected_total = received_total = 0
+    unparsed = sum(r.lines - r.bookmarks - len(r.errors) - len(r.rvs) for r in [*via, *direct])
+    for record in via:
+        got = set(record.rvs)
+        duplicates += len(record.rvs) - len(got)
+        want = expected[record.selector]
+        expected_total += len(want)
+        received_total += len(record.rvs)
+        missing += len(want - got)
+        target = added_selector if record.selector else added_plain
+        for rv, t in zip(record.rvs, record.times, strict=True):
+            ref = reference.get(rv)
+            if ref is None:
+                unmatched += 1
+            else:
+                lag = t - ref
+                target.append(lag)
+                windows.setdefault(int((ref - start) // WINDOW), array("d")).append(lag)
+            write = writes.by_rv.get(rv)
+            if write is not None:
+                absolute.append(t - write.done)
+    added = added_plain + added_selector
+
+    creates = sum(1 for w in writes.by_rv.values() if w.create)
+    dt_end = at_end.at - before.at
+    dt_drained = drained.at - before.at
+    ingested = drained.events_in - before.events_in
+    cpu = drained.cpu - before.cpu
+    lag_delta = {
+        b: drained.lag_buckets.get(b, 0.0) - before.lag_buckets.get(b, 0.0)
+        for b in drained.lag_buckets
+    }
+    commits = {
+        b: drained.commit_buckets.get(b, 0.0) - before.commit_buckets.get(b, 0.0)
+        for b in drained.commit_buckets
+    }
+    within_10ms = lag_delta.get(0.01, math.nan) / lag_delta.get(math.inf, math.nan)
+    ends = sum(r.ends for r in via)
+    errors = [e for r in via for e in r.errors]
+    load = [load_before, *writes.load, load_after]
+    trend = ", ".join(
+        f"{int(i * WINDOW)}-{int((i + 1) * WINDOW)} s: {ms(quantile(sorted(v), 0.99))}"
+        for i, v in sorted(windows.items())
+    )
+    writes_s = len(writes.by_rv) / window
+    plain = sum(1 for r in via if not r.selector)
+
+    rows: list[tuple[str, str]] = [
+        (
+            "parameters",
+            f"{len(via)} watchers via warmwatch ({plain} unfiltered, {len(via) - plain} with "
+            f"label selectors {', '.join(f'`{s}`' for s in SELECTORS)}), {len(direct)} direct "
+            f"watchers; {args.seconds:.0f} s of writes by {args.writers} concurrent writers, "
+            f"ConfigMaps of ~{args.size} B data; watch clients in {args.client_procs} + 1 "
+            f"processes; {os.cpu_count()} cores",
+        ),
+        (
+            "load average (1 min): before / during (mean, max) / after",
+            f"{load_before:.2f} / {sum(load) / len(load):.2f}, {max(load):.2f} / {load_after:.2f}",
+        ),
+        (
+            "writes upstream (creates + updates), writes/s",
+            f"{len(writes.by_rv):,} ({creates:,} + {len(writes.by_rv) - creates:,}), "
+            f"{writes_s:,.0f}/s; {writes.errors} failed",
+        ),
+        (
+            "warmwatch events ingested/s (events_in_total over the write window)",
+            f"{(at_end.events_in - before.events_in) / dt_end:,.0f}",
+        ),
+        (
+            "warmwatch events delivered/s (events_out_total over the write window)",
+            f"{(at_end.events_out - before.events_out) / dt_end:,.0f} "
+            f"(expected for these watchers: {expected_total / window:,.0f}/s)",
+        ),
+        (
+            "**added lag via warmwatch, ms: p50 / p99 / max** (all watchers, all events)",
+            f"**{pcts(added)}** ({len(added):,} events)",
+        ),
+        ("added lag, unfiltered watchers, ms: p50 / p99 / max", pcts(added_plain)),
+        ("added lag, selector watchers, ms: p50 / p99 / max", pcts(added_selector)),
+        (f"added lag p99 per {WINDOW:.0f} s of the run, ms", trend or "n/a"),
+        ("absolute lag via warmwatch from write completion, ms: p50 / p99 / max", pcts(absolute)),
+        (
+            "absolute lag direct (earliest) from write completion, ms: p50 / p99 / max",
+            pcts(direct_abs),
+        ),
+        ("spread between the direct watchers, ms: p50 / p99 / max", pcts(spread)),
+        (
+            "warmwatch delivery-lag histogram (commit to write), p99 bucket; share ≤ 10 ms",
+            f"≤ {ms(histogram_quantile(lag_delta, 0.99))} ms; {within_10ms:.1%}",
+        ),
+        (
+            "warmwatch commit duration (one transaction per upstream chunk), p50 / p99 bucket",
+            f"≤ {ms(histogram_quantile(commits, 0.5))} / ≤ {ms(histogram_quantile(commits, 0.99))}"
+            f" ms ({commits.get(math.inf, 0.0):,.0f} commits)",
+        ),
+        (
+            "events via warmwatch: received / expected; missing, unmatched, duplicates; "
+            "lines not parsed (all watchers)",
+            f"{received_total:,} / {expected_total:,}; {missing:,}, {unmatched:,}, {duplicates:,}"
+            f"; {unparsed:,}",
+        ),
+        (
+            "direct watchers: missing events each",
+            ", ".join(str(m) for m in direct_missing),
+        ),
+        (
+            "watch streams ended early (resumed) / errors, via warmwatch",
+            f"{ends} / {len(errors)}",
+        ),
+        (
+            "warmwatch_watchers before writes / drained; passthrough requests during the run",
+            f"{before.watchers:.0f} / {drained.watchers:.0f}; "
+            f"{drained.passthrough - before.passthrough:.0f}",
+        ),
+        (
+            "warmwatch CPU s per 1,000 ingested events (writes start to drained)",
+            f"{cpu / ingested * 1000:.3f} ({cpu:.1f} s CPU for {ingested:,.0f} events; "
+            f"{cpu / dt_drained:.2f} cores over {dt_drained:.1f} s)"
+            if ingested
+            else "n/a",
+        ),
+        (
+            "warmwatch waiting for a CPU while runnable (schedstat), s per s",
+            f"{(drained.run_wait - before.run_wait) / dt_drained:.2f}",
+        ),
+        (
+            "drain after the writes stopped, s",
+            f"{drained.at - at_end.at:.1f}",
+        ),
+        (
+            "warmwatch RSS MB: idle / watchers open / end of writes / drained; VmHWM",
+            f"{idle.rss / 1e6:.0f} / {before.rss / 1e6:.0f} / {at_end.rss / 1e6:.0f} / "
+            f"{drained.rss / 1e6:.0f}; {hwm / 1e6:.0f}",
+        ),
+        (
+            "warmwatch RSS MB every 5 s during the writes",
+            ", ".join(f"{r / 1e6:.0f}" for r in writes.rss),
+        ),
+        (
+            "harness CPU s (watch client processes, start to end; writer process during the run)",
+            f"{harness_cpu:.1f}; the warmwatch watch clients waited {clients_run_wait:.1f} s "
+            "for a CPU while runnable (schedstat, their whole life)",
+        ),
+        ("warmwatch log: warnings / errors", f"{log[0]} / {log[1]}"),
+    ]
+    notes.extend(f"warmwatch log: {line}" for line in log[2])
+    notes.extend(f"watch error: {e}" for e in errors[:5])
+    notes.extend(f"write error: {e}" for e in writes.error_samples)
+    lines = ["| figure | value |", "|---|---|"]
+    lines += [f"| {name} | {value} |" for name, value in rows]
+    if notes:
+        lines += ["", *(f"- {n}" for n in notes)]
+    return lines
+
+
+# -- the run ----------------------------------------------------------------------------------
+
+
+def group_specs(args: argparse.Namespace, sidecar: Sidecar, plane: ControlPlane) -> list[GroupSpec]:
+    timeout = int(args.seconds) + 900
+    selectors: list[str | None] = [None] * (args.watchers - args.selector_watchers)
+    names = list(SELECTORS)
+    selectors += [names[i % len(names)] for i in range(args.selector_watchers)]
+    procs = max(1, args.client_procs)
+    specs = [
+        GroupSpec(
+            name=f"via-{i}",
+            base_url=sidecar.url,
+            pki_dir=None,
+            selectors=selectors[i::procs],
+            timeout_seconds=timeout,
+        )
+        for i in range(procs)
+    ]
+    specs.append(
+        GroupSpec(
+            name="direct",
+            base_url=plane.server,
+            pki_dir=str(plane.pki.directory),
+            selectors=[None] * args.direct,
+            timeout_seconds=timeout,
+        )
+    )
+    return specs
+
+
+def run(args: argparse.Namespace) -> list[str]:
+    directory: Path = args.dir.resolve()
+    directory.mkdir(parents=True, exist_ok=True)
+    plane = ControlPlane(directory / "cp")
+    plane.up()
+    plane.stop_controller_manager()  # nothing else watches or writes
+    sidecar: Sidecar | None = None
+    groups: list[Group] = []
+    try:
+        asyncio.run(_namespace(plane))
+        db = directory / "fanout.db"
+        for stale in directory.glob("fanout.db*"):
+            stale.unlink()
+        log = db.with_suffix(".log")
+        log_start = log.stat().st_size if log.exists() else 0
+        sidecar = Sidecar.start(
+            upstream_kubeconfig=plane.admin_kubeconfig, db=db, resources=[SHAPE]
+        )
+        _say(f"warmwatch ready (pid {sidecar.process.pid}, log {log})")
+        idle = sample(sidecar)
+        groups = start_groups(group_specs(args, sidecar, plane))
+        time.sleep(2)
+        load_before = os.getloadavg()[0]
+        harness_before = sum(os.times()[:2])
+        before = sample(sidecar)
+        _say(f"writing for {args.seconds:.0f} s (load {load_before:.2f}) ...")
+        writes = asyncio.run(
+            write_for(
+                plane,
+                seconds=args.seconds,
+                writers=args.writers,
+                size=args.size,
+                sidecar_pid=sidecar.process.pid,
+            )
+        )
+        at_end = sample(sidecar)
+        _say(
+            f"{len(writes.by_rv):,} writes; warmwatch in {at_end.events_in - before.events_in:,.0f}"
+            f" out {at_end.events_out - before.events_out:,.0f}; draining ..."
+        )
+        drained = drain(sidecar)
+        load_after = os.getloadavg()[0]
+        hwm = rss_bytes(sidecar.process.pid, "VmHWM")
+        harness_main = sum(os.times()[:2]) - harness_before
+        stop_groups(groups)
+        _say("watch records collected; computing")
+        findings = log_findings(log, log_start)
+        direct = [r for g in groups if g.spec.name == "direct" for r in g.records]
+        via = [r for g in groups if g.spec.name != "direct" for r in g.records]
+        if len(via) != args.watchers or len(direct) != args.direct:
+            _say(f"WARNING: records from {len(via)} + {len(direct)} watchers")
+        return report(
+            args,
+            writes=writes,
+            direct=direct,
+            via=via,
+            idle=idle,
+            before=before,
+            at_end=at_end,
+            drained=drained,
+            hwm=hwm,
+            harness_cpu=harness_main + sum(g.cpu for g in groups),
+            clients_run_wait=sum(g.run_wait for g in groups if g.spec.name != "direct"),
+            load_before=load_before,
+            load_after=load_after,
+            log=findings,
+        )
+    finally:
+        for group in groups:
+            if group.process.is_alive():
+                group.process.kill()
+                group.process.join()
+        if sidecar is not None:
+            sidecar.stop()
+        if args.keep:
+            plane.start_controller_manager()
+        else:
+            plane.down()
+            shutil.rmtree(directory / "cp", ignore_errors=True)
+
+
+async def _namespace(plane: ControlPlane) -> None:
+    async with kubeapi.RawClient(
+        base_url=plane.server, ssl_context=kubeapi.client_ssl(plane.pki, identity="admin")
+    ) as api:
+        await kubeapi.ensure_namespace(api, NAMESPACE)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtest.fanout",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--dir", type=Path, required=True)
+    parser.add_argument("--watchers", type=int, default=100, help="watchers via warmwatch")
+    parser.add_argument(
+        "--selector-watchers", type=int, default=None, help="of them with selectors (W/5)"
+    )
+    parser.add_argument("--direct", type=int, default=5, help="direct watchers (reference)")
+    parser.add_argument("--seconds", type=float, default=60, help="of writes")
+    parser.add_argument("--writers", type=int, default=32, help="concurrent writes")
+    parser.add_argument("--size", type=int, default=256, help="bytes of data per ConfigMap")
+    parser.add_argument(
+        "--client-procs", type=int, default=2, help="processes for the warmwatch watchers"
+    )
+    parser.add_argument("--out", type=Path, help="also write the table to this file")
+    parser.add_argument("--keep", action="store_true", help="leave the control plane running")
+    args = parser.parse_args(argv)
+    if args.selector_watchers is None:
+        args.selector_watchers = args.watchers // 5
+    args.selector_watchers = min(args.selector_watchers, args.watchers)
+    command = "python -m loadtest.fanout " + " ".join(sys.argv[1:] if argv is None else argv)
+    lines = run(args)
+    text = "\n".join([f"`{command}`", "", *lines])
+    print(f"\n{text}")
+    if args.out:
+        args.out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
