@@ -25,8 +25,11 @@ data would hide the link) in one namespace, N objects for each N in --sizes
 (cumulative). The kinds: dynamic informer, JSON (``--mode informer``); typed informer, JSON
 (``--mode typed --json``: client-go 1.37's typed clients default to protobuf); typed informer,
 protobuf (``--mode typed --protobuf``, kube-controller-manager's content types); metadata
-informer, protobuf (``--mode metadata --protobuf``). Each under four conditions, side by side
-in one run, in this order for each kind:
+informer, protobuf (``--mode metadata --protobuf``); and kube-controller-manager's informer set
+(kube-controller-manager v1.37.2 itself with loadtest.controllers.TEST_CONTROLLERS: about 60
+collections in protobuf, the N ConfigMaps among them, in full for its root-CA publisher and as
+metadata for its garbage collector; synced = every informer and monitor synced, from its log).
+Each under four conditions, side by side in one run, in this order for each kind:
 
 - (a) directly against the local apiserver, idle (the control plane's own
   kube-controller-manager is paused);
@@ -43,7 +46,8 @@ in one run, in this order for each kind:
 "Time-to-synced" is seconds from starting the program until its informer reports synced
 (discovery, LIST or WatchList, decoding: everything a restarted controller waits for);
 the median of --runs. Around each measurement through warmwatch its metrics are read: more
-passed-through requests than the client's one discovery request mean its LIST or WATCH went
+passed-through requests than the client's one discovery request (kube-controller-manager writes
+and is not checked) mean its LIST or WATCH went
 to the apiserver instead of the cache (initial events of a WatchList are not counted in
 ``warmwatch_events_out_total``, so passthrough is the signal); upstream relists and failed
 passthroughs are noted too. Before the runs each warmwatch is asked a one-object LIST and
@@ -116,7 +120,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from loadtest import goclient, kubeapi, toxiproxy
+from loadtest import controllers, goclient, kubeapi, toxiproxy
 from loadtest.cluster import ControlPlane
 from loadtest.sidecar import Sidecar
 
@@ -207,6 +211,16 @@ class ClientKind:
     extra: tuple[str, ...] = ()
     """More goclient flags."""
 
+    @property
+    def is_controller_manager(self) -> bool:
+        return self.mode == CONTROLLER_MANAGER
+
+
+CONTROLLER_MANAGER = "controller-manager"
+"""Not the goclient: kube-controller-manager v1.37.2 itself with the test controller set
+(loadtest.controllers.TEST_CONTROLLERS: about 60 collections in protobuf, its garbage
+collector's metadata informers included, which list the N ConfigMaps), time from process
+start until every informer and monitor is synced."""
 
 CLIENT_KINDS = (
     ClientKind(
@@ -237,6 +251,13 @@ CLIENT_KINDS = (
         protobuf=True,
         list_accept=_METADATA_ACCEPT.format(kind="PartialObjectMetadataList"),
         watch_accept=_METADATA_ACCEPT.format(kind="PartialObjectMetadata"),
+    ),
+    ClientKind(
+        label="kube-controller-manager's informer set",
+        mode=CONTROLLER_MANAGER,
+        protobuf=True,
+        list_accept="",
+        watch_accept="",
     ),
 )
 
@@ -407,6 +428,7 @@ class ClientsBench:
     fills: dict[tuple[int, str], float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     watch_list: set[str] = field(default_factory=set)
+    started_managers: int = 0
 
     def note(self, message: str) -> None:
         if message not in self.notes:
@@ -415,6 +437,8 @@ class ClientsBench:
 
     def sync(self, kind: ClientKind, kubeconfig: Path, *, expect: int, what: str) -> float:
         """Seconds from starting the client until its informer synced (NaN when it failed)."""
+        if kind.is_controller_manager:
+            return self.sync_controller_manager(kubeconfig, what=f"{what}, N={expect}")
         started = time.monotonic()
         client = goclient.GoClient.start(
             self.binary,
@@ -442,6 +466,24 @@ class ClientsBench:
             self.note(f"{kind.label}, {what}: synced {synced['count']} objects, expected {expect}")
         return seconds
 
+    def sync_controller_manager(self, kubeconfig: Path, *, what: str) -> float:
+        self.started_managers += 1
+        label = what.split(")")[0].strip("(")
+        manager = controllers.ControllerManager.start(
+            binaries=Path(self.plane.state().binaries),
+            kubeconfig=kubeconfig,
+            service_account_key=self.plane.pki.service_account_key,
+            root_ca=self.plane.pki.ca_cert,
+            log=self.directory / "logs" / f"kcm-{self.started_managers:03d}-{label}.log",
+        )
+        try:
+            return manager.wait_synced(SYNC_TIMEOUT)
+        except (RuntimeError, TimeoutError) as error:
+            self.note(f"kube-controller-manager, {what}: failed: {error}")
+            return float("nan")
+        finally:
+            manager.stop()
+
     def measure(
         self,
         kind: ClientKind,
@@ -459,7 +501,8 @@ class ClientsBench:
         if sidecar is not None and before is not None:
             served = Served.read(sidecar).since(before)
             detail = f"; {served.describe()}"
-            if sum(served.passthrough.values()) > DISCOVERY_REQUESTS:
+            too_many = sum(served.passthrough.values()) > DISCOVERY_REQUESTS
+            if too_many and not kind.is_controller_manager:  # it writes and discovers a lot
                 self.note(
                     f"{kind.label}, {what}, N={size}: more requests passed through than "
                     f"discovery ({served.describe()})"
@@ -476,6 +519,8 @@ class ClientsBench:
     def probe(self, sidecar: Sidecar, condition: str) -> None:
         before = Served.read(sidecar)
         for kind in CLIENT_KINDS:
+            if kind.is_controller_manager:
+                continue
             for watch in (False, True):
                 verb = "WatchList" if watch else "LIST"
                 accept = kind.watch_accept if watch else kind.list_accept

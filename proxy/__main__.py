@@ -19,6 +19,7 @@ from proxy.cache.store import StoreSettings
 from proxy.kube.resources import ResourceFlag
 from proxy.serve.authenticating import ClientAuth
 from proxy.serve.context import ServeSettings
+from proxy.upstream.discovering import DiscoverySettings
 from proxy.upstream.reflecting import ReflectorSettings
 from proxy.upstream.syncing import SyncSettings
 
@@ -110,6 +111,13 @@ def parser() -> argparse.ArgumentParser:
         default=int(_env("max-shapes", "500") or 500),
         help="learned collections at most; requests for more pass through",
     )
+    p.add_argument(
+        "--discovery-max-age",
+        type=float,
+        default=float(_env("discovery-max-age", "10") or 10),
+        help="answer discovery from warmwatch's copy while the apiserver confirmed it within "
+        "this many seconds (kept confirmed in the background); 0: always ask the apiserver",
+    )
     p.add_argument("--log-level", default=_env("log-level", "INFO"))
     p.set_defaults(env_resources=env_resources)
     return p
@@ -140,6 +148,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         serve=ServeSettings(
             bookmark_interval=args.bookmark_interval, slow_write_timeout=args.watch_write_timeout
         ),
+        discovery=DiscoverySettings(max_age=args.discovery_max_age),
     )
 
 

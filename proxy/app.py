@@ -26,6 +26,8 @@ from proxy.serve import routing
 from proxy.serve.authenticating import ClientAuth
 from proxy.serve.context import Context, ServeSettings
 from proxy.upstream.connecting import ConnectionSettings, connect
+from proxy.upstream.discovering import DiscoveryCopies, DiscoverySettings, keep_confirmed
+from proxy.upstream.forwarding import PassthroughSettings
 from proxy.upstream.passing import CachedDocument
 from proxy.upstream.reflecting import ReflectorSettings
 from proxy.upstream.resilience import CircuitBreaker, ListLimiter
@@ -47,6 +49,7 @@ class Settings:
     sync: SyncSettings = field(default_factory=SyncSettings)
     reflector: ReflectorSettings = field(default_factory=ReflectorSettings)
     serve: ServeSettings = field(default_factory=ServeSettings)
+    discovery: DiscoverySettings = field(default_factory=DiscoverySettings)
     shutdown_timeout: float = 20.0
     """Less than a pod's default 30 s grace period, so we exit before the SIGKILL."""
 
@@ -92,6 +95,7 @@ class App:
         self.store: Store | None = None
         self.syncer: Syncer | None = None
         self._integrity: asyncio.Task[bool] | None = None
+        self._discovery: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         settings = self.settings
@@ -129,11 +133,25 @@ class App:
             )
             for flag in settings.resources
         )
+        copies = DiscoveryCopies(settings=settings.discovery)
+        copies.remember(await store.document_keys())
+        discovery = StoredDiscovery(store)
+        self._discovery = asyncio.create_task(
+            keep_confirmed(
+                copies,
+                upstream=upstream,
+                cache=discovery,
+                breaker=breaker,
+                settings=PassthroughSettings(),
+            ),
+            name="discovery copies",
+        )
         ctx = Context(
             store=store,
             syncer=syncer,
             upstream=upstream,
-            discovery=StoredDiscovery(store),
+            discovery=discovery,
+            discovery_copies=copies,
             metrics=self.metrics,
             settings=settings.serve,
             credentials="sidecar" if settings.client_auth.mode == "none" else "client",
@@ -180,9 +198,10 @@ class App:
         for runner in reversed(self._runners):
             await runner.cleanup()
         self._runners.clear()
-        if self._integrity is not None:
-            self._integrity.cancel()
-            await asyncio.gather(self._integrity, return_exceptions=True)
+        for task in (self._integrity, self._discovery):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         if self.syncer is not None:
             await self.syncer.stop()
         if self.store is not None:

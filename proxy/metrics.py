@@ -205,6 +205,22 @@ class Metrics:
             registry=r,
         )
 
+        self.discovery_answers: Final = Counter(
+            f"{PREFIX}discovery_answers",
+            "Discovery requests by where the answer came from: copy (a copy the apiserver "
+            "confirmed lately), apiserver (passed through), stored (the apiserver was "
+            "unreachable).",
+            ("source",),
+            registry=r,
+        )
+        self.discovery_revalidations: Final = Counter(
+            f"{PREFIX}discovery_revalidations",
+            "Background revalidations of discovery copies, by result: unchanged, changed, "
+            "gone (the apiserver answered neither 200 nor 304), too large, error.",
+            ("result",),
+            registry=r,
+        )
+
         # -- serving --------------------------------------------------------------------
         self.watchers: Final = Gauge(
             f"{PREFIX}watchers",

@@ -341,6 +341,11 @@ class Store:
             row = await cursor.fetchone()
         return (int(row[0]), bytes(row[1]), bytes(row[2]), str(row[3])) if row else None
 
+    async def document_keys(self) -> list[str]:
+        async with self._reader() as db:
+            cursor = await db.execute("SELECT key FROM discovery")
+            return [str(row[0]) for row in await cursor.fetchall()]
+
     async def put_document(
         self, key: str, *, status: int, headers: bytes, body: bytes, etag: str
     ) -> None:

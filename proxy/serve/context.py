@@ -9,7 +9,7 @@ from proxy.cache.freshness import RecentWrites
 from proxy.cache.store import Store
 from proxy.metrics import Metrics
 from proxy.upstream.connecting import Credentials, Upstream
-from proxy.upstream.passing import DiscoveryCache
+from proxy.upstream.passing import DiscoveryCache, DiscoveryCopies
 from proxy.upstream.resilience import CircuitBreaker
 from proxy.upstream.syncing import Syncer
 
@@ -53,3 +53,5 @@ class Context:
     """warmwatch's own readiness (every configured shape serveable)."""
     writes: RecentWrites
     """Writes passed through, for read your writes (``proxy.serve.freshness``)."""
+    discovery_copies: DiscoveryCopies | None = None
+    """Discovery documents that may be answered without asking the apiserver."""

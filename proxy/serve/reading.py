@@ -137,6 +137,7 @@ async def pass_through(
         upstream=ctx.upstream,
         credentials=ctx.credentials,
         discovery=ctx.discovery,
+        copies=ctx.discovery_copies,
         breaker=ctx.breaker,
         offline=offline,
         observe=functools.partial(freshness.record_write, ctx.writes),

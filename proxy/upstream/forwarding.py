@@ -130,7 +130,7 @@ def forwarded_request_headers(
     return out
 
 
-def _forwarded_response_headers(headers: MultiMapping[str]) -> list[tuple[str, str]]:
+def forwarded_response_headers(headers: MultiMapping[str]) -> list[tuple[str, str]]:
     named = _connection_tokens(headers.getall("Connection", []))
     return [
         (name, value)
@@ -255,7 +255,7 @@ async def forward(
             response = web.StreamResponse(
                 status=upstream_response.status, reason=upstream_response.reason
             )
-            kept = _forwarded_response_headers(upstream_response.headers)
+            kept = forwarded_response_headers(upstream_response.headers)
             for name, value in kept:
                 response.headers.add(name, value)
             if collector is not None and 200 <= upstream_response.status < 300:

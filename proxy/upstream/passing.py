@@ -28,6 +28,8 @@ from proxy.upstream.connecting import Credentials, Upstream
 from proxy.upstream.discovering import (
     CachedDocument,
     DiscoveryCache,
+    DiscoveryCopies,
+    changes_discovery,
     discovery_key,
     is_discovery_path,
     serve_discovery,
@@ -48,6 +50,7 @@ from proxy.upstream.resilience import CircuitBreaker
 __all__ = [
     "CachedDocument",
     "DiscoveryCache",
+    "DiscoveryCopies",
     "Offline",
     "PassthroughSettings",
     "WriteObserver",
@@ -81,6 +84,7 @@ async def pass_through(
     upstream: Upstream,
     credentials: Credentials,
     discovery: DiscoveryCache | None = None,
+    copies: DiscoveryCopies | None = None,
     breaker: CircuitBreaker | None = None,
     offline: Offline | None = None,
     observe: WriteObserver | None = None,
@@ -89,7 +93,8 @@ async def pass_through(
     """Answer ``request`` with the apiserver's answer (see the module docstring).
 
     ``discovery``: where discovery GETs are stored and, when the apiserver is unreachable,
-    served from; None disables that. ``breaker``: while it is open, the apiserver counts as
+    served from; None disables that. ``copies``: which stored documents may be answered
+    without asking the apiserver (``discovering``); None: none. ``breaker``: while it is open, the apiserver counts as
     unreachable without a try. ``offline``: the answer when the apiserver is unreachable;
     by default (and when nothing is cached) a 503 ServiceUnavailable Status with
     ``Retry-After``. ``observe``: told of each successful write (see WriteObserver).
@@ -101,6 +106,7 @@ async def pass_through(
             upstream=upstream,
             credentials=credentials,
             discovery=discovery,
+            copies=copies,
             breaker=breaker,
             offline=offline,
             observe=observe,
@@ -120,6 +126,7 @@ async def _dispatch(
     upstream: Upstream,
     credentials: Credentials,
     discovery: DiscoveryCache | None,
+    copies: DiscoveryCopies | None,
     breaker: CircuitBreaker | None,
     offline: Offline | None,
     observe: WriteObserver | None,
@@ -148,6 +155,7 @@ async def _dispatch(
             cache=discovery,
             breaker=breaker,
             settings=settings,
+            copies=copies,
         )
     collector = None
     if observe is not None and verb in _WRITE_METHODS:
@@ -166,6 +174,9 @@ async def _dispatch(
         if offline is not None:
             return await offline(request, error)
         return unavailable(error)
+    wrote = verb in _WRITE_METHODS and 200 <= response.status < 300
+    if copies is not None and wrote and changes_discovery(request.path):
+        copies.api_changed()
     if observe is not None and collector is not None and collector.complete:
         try:
             observe(request, CIMultiDict(collector.headers), collector.body)

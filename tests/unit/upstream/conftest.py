@@ -11,7 +11,8 @@ import asyncio
 import ssl
 import sys
 import textwrap
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,8 +24,22 @@ from aiohttp import web
 from loadtest import pki as pki_module
 from proxy.metrics import Metrics
 from proxy.upstream.connecting import ConnectionSettings, Upstream, connect
-from proxy.upstream.passing import CachedDocument, Offline, PassthroughSettings, pass_through
+from proxy.upstream.passing import (
+    CachedDocument,
+    DiscoveryCopies,
+    Offline,
+    PassthroughSettings,
+    pass_through,
+)
 from proxy.upstream.resilience import CircuitBreaker
+
+
+async def eventually(condition: Callable[[], object], *, timeout: float = 10) -> None:
+    """Poll ``condition`` until it is true; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)
 
 
 @dataclass
@@ -48,6 +63,8 @@ class FakeApiserver:
     watch_ended: asyncio.Event = field(default_factory=asyncio.Event)
     rejected_tokens: set[str] = field(default_factory=set)
     discovery_hits: int = 0
+    discovery_version: int = 0
+    """Bumped by a test: the discovery documents change (body and ETag)."""
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -65,6 +82,7 @@ class FakeApiserver:
         app.router.add_get("/apis", self.discovery)
         app.router.add_get("/api", self.discovery)
         app.router.add_get("/gzip", self.gzip)
+        app.router.add_post("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", self.echo)
         return app
 
     async def record(self, request: web.Request) -> Seen:
@@ -257,8 +275,11 @@ class FakeApiserver:
         seen = await self.record(request)
         self.discovery_hits += 1
         accept = seen.headers.get("accept", "")
-        body = orjson.dumps({"kind": "APIGroupList", "path": request.path, "accept": accept})
-        etag = f'"etag-{request.path.strip("/")}"'
+        version = self.discovery_version
+        body = orjson.dumps(
+            {"kind": "APIGroupList", "path": request.path, "accept": accept, "version": version}
+        )
+        etag = f'"etag-{request.path.strip("/")}{f"-{version}" if version else ""}"'
         if request.headers.get("If-None-Match") == etag:
             return web.Response(status=304, headers={"ETag": etag})
         return web.Response(
@@ -462,6 +483,7 @@ async def start_proxy(
     settings: PassthroughSettings | None = None,
     breaker: CircuitBreaker | None = None,
     offline: Offline | None = None,
+    copies: DiscoveryCopies | None = None,
 ) -> Proxy:
     cache = discovery if discovery is not None else MemoryDiscoveryCache()
 
@@ -471,6 +493,7 @@ async def start_proxy(
             upstream=upstream,
             credentials=credentials,  # type: ignore[arg-type]
             discovery=cache,
+            copies=copies,
             breaker=breaker,
             offline=offline,
             settings=settings,

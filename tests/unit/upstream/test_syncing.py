@@ -35,7 +35,7 @@ from proxy.upstream.resilience import (
     ListLimiterSettings,
 )
 from proxy.upstream.syncing import Syncer, SyncSettings
-from tests.unit.upstream.conftest import token_kubeconfig
+from tests.unit.upstream.conftest import eventually, token_kubeconfig
 from tests.unit.upstream.test_reflecting import status
 
 CONFIGMAPS = GroupVersionResource.parse("v1/configmaps")
@@ -177,13 +177,6 @@ async def world(tmp_path: Path) -> AsyncIterator[tuple[Apiserver, Store, Metrics
     await store.close()
     await upstream.close()
     await runner.cleanup()
-
-
-async def eventually(condition: Any, *, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.01)
 
 
 async def test_twenty_shapes_fill_concurrently_with_three_list_slots(world: Any) -> None:
