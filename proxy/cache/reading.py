@@ -4,15 +4,34 @@ The read side of ``writing``: each function is one consistent read (a read trans
 it takes more than one statement), runs on a reader connection's thread (see
 ``store.Store``), and is unit-tested on an in-memory database. The rules of resuming a watch
 live here (:func:`position`): where in a shape's log a watch from a resourceVersion starts.
+
+A snapshot (a LIST, a watch's initial state) is the one read that spans calls:
+:func:`begin_snapshot` opens a read transaction and reads the shape's head, then
+:func:`object_rows` pages through its objects by key within that transaction, and
+:func:`end_snapshot` closes it. The pages see one state however long the response takes, and
+no statement stays open between pages.
 """
 
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from proxy.cache.records import ChangeType, EventRecord, rv_order
 from proxy.kube import versions
 from proxy.kube.status import StatusError
+
+Row = tuple[str, str, bytes, bytes]
+"""(namespace, name, labels JSON, raw object)."""
+
+Head = tuple[str, str, bytes, int, bytes]
+"""(namespace, name, labels JSON, length of raw, the first bytes of raw): what sizing a
+protobuf list needs before it is streamed."""
+
+HEAD_BYTES = 11
+"""A tag byte and a varint of up to ten: the start of ObjectMeta's field."""
 
 
 class TooNew(Exception):
@@ -103,3 +122,148 @@ def events_after(
         )
         for r in rows
     ]
+
+
+# ------------------------------------------------------------------------------ snapshots
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SnapshotHead:
+    """What a snapshot holds besides its objects: the shape's RV, the log position of that
+    state, and the kind of its objects."""
+
+    rv: str
+    last_seq: int
+    kind: str
+    api_version: str
+
+
+def begin_snapshot(connection: sqlite3.Connection, *, shape_id: int) -> SnapshotHead | None:
+    """Open a read transaction and read the shape's head; None (and no transaction) while
+    the shape is not filled. Close it with :func:`end_snapshot`."""
+    connection.execute("BEGIN")
+    row = connection.execute(
+        "SELECT rv, last_seq, kind, api_version FROM shapes WHERE id = ?", (shape_id,)
+    ).fetchone()
+    if row is None or row[0] is None:
+        connection.execute("COMMIT")
+        return None
+    return SnapshotHead(rv=row[0], last_seq=int(row[1]), kind=row[2], api_version=row[3])
+
+
+def end_snapshot(connection: sqlite3.Connection) -> None:
+    if connection.in_transaction:
+        connection.execute("COMMIT")
+
+
+def object_rows(
+    connection: sqlite3.Connection,
+    *,
+    shape_id: int,
+    namespace: str | None,
+    after: tuple[str, str] | None,
+    limit: int,
+) -> list[Row]:
+    """The next page of a shape's objects (of one namespace, or all) in key order, after the
+    key ``after`` (exclusive; None: from the start)."""
+    return _page(connection, "namespace, name, labels, raw", shape_id, namespace, after, limit)
+
+
+def object_heads(
+    connection: sqlite3.Connection,
+    *,
+    shape_id: int,
+    namespace: str | None,
+    after: tuple[str, str] | None,
+    limit: int,
+) -> list[Head]:
+    """:func:`object_rows` without the bodies: their lengths and first ``HEAD_BYTES``."""
+    columns = f"namespace, name, labels, length(raw), substr(raw, 1, {HEAD_BYTES})"
+    return _page(connection, columns, shape_id, namespace, after, limit)
+
+
+def _page(
+    connection: sqlite3.Connection,
+    columns: str,
+    shape_id: int,
+    namespace: str | None,
+    after: tuple[str, str] | None,
+    limit: int,
+) -> list[Any]:
+    # Keyset paging on the primary key (shape_id, namespace, name): each page is one index
+    # seek, however deep into the collection it starts.
+    where: list[str] = ["shape_id = ?"]
+    params: list[object] = [shape_id]
+    if namespace is not None:
+        where.append("namespace = ?")
+        params.append(namespace)
+    if after is not None:
+        where.append("(namespace, name) > (?, ?)")
+        params += after
+    return connection.execute(
+        f"SELECT {columns} FROM objects WHERE {' AND '.join(where)} "
+        "ORDER BY namespace, name LIMIT ?",
+        (*params, limit),
+    ).fetchall()
+
+
+# ------------------------------------------------------------------------- single reads
+
+
+def get_object(
+    connection: sqlite3.Connection, *, shape_id: int, namespace: str, name: str
+) -> bytes | None:
+    """One cached object's raw bytes, or None."""
+    row = connection.execute(
+        "SELECT raw FROM objects WHERE shape_id = ? AND namespace = ? AND name = ?",
+        (shape_id, namespace, name),
+    ).fetchone()
+    return bytes(row[0]) if row is not None else None
+
+
+def present(
+    connection: sqlite3.Connection, *, shape_id: int, keys: Sequence[tuple[str, str]]
+) -> tuple[tuple[str, str], ...]:
+    """Which of ``keys`` (namespace, name) the shape's objects hold now (one read)."""
+    found: list[tuple[str, str]] = []
+    connection.execute("BEGIN")
+    try:
+        for start in range(0, len(keys), 400):  # SQLite's bound-parameter limit
+            chunk = keys[start : start + 400]
+            values = ",".join("(?, ?)" for _ in chunk)
+            found += [
+                (str(ns), str(name))
+                for ns, name in connection.execute(
+                    f"SELECT namespace, name FROM objects WHERE shape_id = ? AND "
+                    f"(namespace, name) IN (VALUES {values})",
+                    (shape_id, *(part for key in chunk for part in key)),
+                )
+            ]
+    finally:
+        connection.execute("COMMIT")
+    return tuple(found)
+
+
+def object_counts(connection: sqlite3.Connection) -> dict[int, int]:
+    """Objects cached per shape id (from the small ``objects_by_shape`` index)."""
+    return {
+        int(shape_id): int(count)
+        for shape_id, count in connection.execute(
+            "SELECT shape_id, count(*) FROM objects GROUP BY shape_id"
+        )
+    }
+
+
+def get_document(
+    connection: sqlite3.Connection, *, key: str
+) -> tuple[int, bytes, bytes, str] | None:
+    """A stored discovery document: status, headers (JSON), body, ETag ("" when none)."""
+    row = connection.execute(
+        "SELECT status, headers, body, etag FROM discovery WHERE key = ?", (key,)
+    ).fetchone()
+    return (int(row[0]), bytes(row[1]), bytes(row[2]), str(row[3])) if row else None
+
+
+def document_keys(connection: sqlite3.Connection) -> list[str]:
+    """The keys of every stored discovery document."""
+    return [str(row[0]) for row in connection.execute("SELECT key FROM discovery")]

@@ -69,48 +69,50 @@ class Shape:
         return self.key.gvr_label
 
 
-Row = tuple[str, str, bytes, bytes]
-"""(namespace, name, labels JSON, raw object)."""
-
-Head = tuple[str, str, bytes, int, bytes]
-"""(namespace, name, labels JSON, length of raw, the first bytes of raw): what sizing a
-protobuf list needs before it is streamed."""
-
-HEAD_BYTES = 11
-"""A tag byte and a varint of up to ten: the start of ObjectMeta's field."""
+RowT = TypeVar("RowT", reading.Row, reading.Head)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Snapshot:
     """One consistent read of a shape: its RV, the log position of that state, and its
-    objects, read as often as needed within the same read transaction."""
+    objects, read as often as needed within the same read transaction
+    (``reading.begin_snapshot``)."""
 
     rv: str
     last_seq: int
     kind: str
     api_version: str
     _db: aiosqlite.Connection
-    _where: str
-    _params: tuple[object, ...]
+    _shape_id: int
+    _namespace: str | None
     _batch: int
 
-    async def _scan(self, columns: str) -> AsyncIterator[list[Any]]:
-        cursor = await self._db.execute(
-            f"SELECT {columns} FROM objects WHERE {self._where} ORDER BY namespace, name",
-            self._params,
-        )
-        while chunk := await cursor.fetchmany(self._batch):
-            yield list(chunk)
+    async def _pages(self, read: Callable[..., list[RowT]]) -> AsyncIterator[list[RowT]]:
+        after: tuple[str, str] | None = None
+        while True:
+            page = await _on_thread(
+                self._db,
+                read,
+                shape_id=self._shape_id,
+                namespace=self._namespace,
+                after=after,
+                limit=self._batch,
+            )
+            if page:
+                yield page
+            if len(page) < self._batch:
+                return
+            after = (page[-1][0], page[-1][1])
 
     @property
-    def rows(self) -> AsyncIterator[list[Row]]:
+    def rows(self) -> AsyncIterator[list[reading.Row]]:
         """Batches of rows, ordered by key."""
-        return self._scan("namespace, name, labels, raw")
+        return self._pages(reading.object_rows)
 
     @property
-    def heads(self) -> AsyncIterator[list[Head]]:
+    def heads(self) -> AsyncIterator[list[reading.Head]]:
         """The same rows' keys, labels and sizes, without their bodies."""
-        return self._scan(f"namespace, name, labels, length(raw), substr(raw, 1, {HEAD_BYTES})")
+        return self._pages(reading.object_heads)
 
 
 async def _on_thread(db: aiosqlite.Connection, function: Callable[..., T], **kwargs: Any) -> T:
@@ -334,17 +336,10 @@ class Store:
     # -- discovery documents ----------------------------------------------------------------
 
     async def get_document(self, key: str) -> tuple[int, bytes, bytes, str] | None:
-        async with self._reader() as db:
-            cursor = await db.execute(
-                "SELECT status, headers, body, etag FROM discovery WHERE key = ?", (key,)
-            )
-            row = await cursor.fetchone()
-        return (int(row[0]), bytes(row[1]), bytes(row[2]), str(row[3])) if row else None
+        return await self._read(reading.get_document, key=key)
 
     async def document_keys(self) -> list[str]:
-        async with self._reader() as db:
-            cursor = await db.execute("SELECT key FROM discovery")
-            return [str(row[0]) for row in await cursor.fetchall()]
+        return await self._read(reading.document_keys)
 
     async def put_document(
         self, key: str, *, status: int, headers: bytes, body: bytes, etag: str
@@ -354,6 +349,11 @@ class Store:
         )
 
     # -- reading ---------------------------------------------------------------------------
+
+    async def _read(self, function: Callable[..., T], **kwargs: Any) -> T:
+        """``function(connection, **kwargs)`` (a ``reading`` function) on a pooled reader."""
+        async with self._reader() as db:
+            return await _on_thread(db, function, **kwargs)
 
     @contextlib.asynccontextmanager
     async def _reader(self) -> AsyncIterator[aiosqlite.Connection]:
@@ -382,56 +382,49 @@ class Store:
     ) -> AsyncIterator[Snapshot]:
         """A consistent read of the shape's objects at its current RV (a read transaction)."""
         async with self._reader() as db:
-            await db.execute("BEGIN")
-            cursor = await db.execute(
-                "SELECT rv, last_seq, kind, api_version FROM shapes WHERE id = ?", (shape.id,)
-            )
-            row = await cursor.fetchone()
-            if row is None or row[0] is None:
+            head = await _on_thread(db, reading.begin_snapshot, shape_id=shape.id)
+            if head is None:
                 raise StatusError.service_unavailable(
                     f"the cache of {shape.resource} is not filled yet"
                 )
-            where = "shape_id = ? AND namespace = ?" if namespace else "shape_id = ?"
-            params: tuple[object, ...] = (shape.id, namespace) if namespace else (shape.id,)
-            yield Snapshot(
-                rv=row[0],
-                last_seq=int(row[1]),
-                kind=row[2],
-                api_version=row[3],
-                _db=db,
-                _where=where,
-                _params=params,
-                _batch=batch,
-            )
+            try:
+                yield Snapshot(
+                    rv=head.rv,
+                    last_seq=head.last_seq,
+                    kind=head.kind,
+                    api_version=head.api_version,
+                    _db=db,
+                    _shape_id=shape.id,
+                    _namespace=namespace or None,
+                    _batch=batch,
+                )
+            finally:
+                await _on_thread(db, reading.end_snapshot)
 
     async def read_events(self, shape: Shape, *, after: int, limit: int) -> list[EventRecord]:
         """Committed log entries after seq ``after`` (from memory when the ring reaches)."""
         in_memory = shape.log.read_after(after, limit=limit)
         if in_memory is not None:
             return in_memory
-        async with self._reader() as db:
-            return await _on_thread(
-                db,
-                reading.events_after,
-                shape_id=shape.id,
-                after=after,
-                limit=limit,
-                last_seq=shape.log.last_seq,
-            )
+        return await self._read(
+            reading.events_after,
+            shape_id=shape.id,
+            after=after,
+            limit=limit,
+            last_seq=shape.log.last_seq,
+        )
 
     async def position(self, shape: Shape, rv: str) -> int:
         """``reading.position`` of ``rv`` in the shape's log."""
         assert shape.rv is not None and shape.log_start_rv is not None
-        async with self._reader() as db:
-            return await _on_thread(db, reading.position, shape_id=shape.id, rv=rv)
+        return await self._read(reading.position, shape_id=shape.id, rv=rv)
 
     async def check_integrity(self) -> bool:
         """Run SQLite's ``quick_check`` on a reader (in the background: it is O(size)). A
         broken file is reported (``storage_error``, so /readyz fails; logged; counted) and
         marked, and the next start moves it aside and rebuilds from upstream."""
         try:
-            async with self._reader() as db:
-                problem = await _on_thread(db, schema.integrity_problem)
+            problem = await self._read(schema.integrity_problem)
         except sqlite3.DatabaseError as error:
             problem = str(error)
         if problem is None:
@@ -444,37 +437,20 @@ class Store:
         return False
 
     async def get_object(self, shape: Shape, *, namespace: str, name: str) -> bytes | None:
-        """One cached object's raw bytes, or None."""
-        async with self._reader() as db:
-            cursor = await db.execute(
-                "SELECT raw FROM objects WHERE shape_id = ? AND namespace = ? AND name = ?",
-                (shape.id, namespace, name),
-            )
-            row = await cursor.fetchone()
-        return bytes(row[0]) if row is not None else None
+        """``reading.get_object``."""
+        return await self._read(
+            reading.get_object, shape_id=shape.id, namespace=namespace, name=name
+        )
 
     async def present(
         self, shape: Shape, keys: Sequence[tuple[str, str]]
     ) -> tuple[tuple[str, str], ...]:
-        """Which of ``keys`` (namespace, name) the shape's objects hold now."""
-        found: list[tuple[str, str]] = []
-        async with self._reader() as db:
-            for start in range(0, len(keys), 400):
-                chunk = keys[start : start + 400]
-                values = ",".join("(?, ?)" for _ in chunk)
-                cursor = await db.execute(
-                    f"SELECT namespace, name FROM objects WHERE shape_id = ? AND "
-                    f"(namespace, name) IN (VALUES {values})",
-                    (shape.id, *(part for key in chunk for part in key)),
-                )
-                found += [(str(ns), str(name)) for ns, name in await cursor.fetchall()]
-        return tuple(found)
+        """``reading.present``: which of ``keys`` (namespace, name) the shape holds now."""
+        return await self._read(reading.present, shape_id=shape.id, keys=keys)
 
     async def object_counts(self) -> dict[int, int]:
-        """Objects cached per shape id."""
-        async with self._reader() as db:
-            cursor = await db.execute("SELECT shape_id, count(*) FROM objects GROUP BY shape_id")
-            return {int(shape_id): int(count) for shape_id, count in await cursor.fetchall()}
+        """``reading.object_counts``."""
+        return await self._read(reading.object_counts)
 
     def size(self) -> tuple[int, int]:
         """Database and WAL file sizes in bytes."""

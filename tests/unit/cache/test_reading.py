@@ -4,10 +4,12 @@ reading the log after a position (no sockets, no event loop)."""
 from __future__ import annotations
 
 import sqlite3
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
-from proxy.cache import reading, writing
+from proxy.cache import reading, schema, writing
 from proxy.cache.reading import LogTrimmed, TooNew
 from proxy.cache.records import Change, ChangeType
 from proxy.kube.status import StatusError
@@ -88,3 +90,90 @@ def test_events_after_and_a_trimmed_tail(history: sqlite3.Connection) -> None:
     writing.trim(history, shape_id=1, max_events=1, max_age=3600)
     with pytest.raises(LogTrimmed):  # entries 3.. are gone: not "nothing new"
         reading.events_after(history, shape_id=1, after=2, limit=5, last_seq=8)
+
+
+# ------------------------------------------------------------------------------ snapshots
+
+
+def pages(
+    connection: sqlite3.Connection, *, namespace: str | None, limit: int, heads: bool = False
+) -> list[list[tuple[str, str]]]:
+    """Every page of the shape's objects, as the store's Snapshot reads them."""
+    read = reading.object_heads if heads else reading.object_rows
+    found, after = [], None
+    while True:
+        page = read(connection, shape_id=1, namespace=namespace, after=after, limit=limit)
+        if page:
+            found.append([(row[0], row[1]) for row in page])
+        if len(page) < limit:
+            return found
+        after = (page[-1][0], page[-1][1])
+
+
+def test_a_snapshot_pages_by_key(db: sqlite3.Connection) -> None:
+    assert reading.begin_snapshot(db, shape_id=1) is None  # not filled: nothing to read
+    assert not db.in_transaction
+    changes = [cm(f"o{i}", 10 + i, ns=ns) for i in range(3) for ns in ("b", "a", "c")]
+    fill(db, changes, "50")
+    head = reading.begin_snapshot(db, shape_id=1)
+    assert head == reading.SnapshotHead(rv="50", last_seq=1, kind="ConfigMap", api_version="v1")
+    assert pages(db, namespace=None, limit=4) == [
+        [("a", "o0"), ("a", "o1"), ("a", "o2"), ("b", "o0")],
+        [("b", "o1"), ("b", "o2"), ("c", "o0"), ("c", "o1")],
+        [("c", "o2")],
+    ]
+    assert pages(db, namespace="b", limit=3) == [[("b", "o0"), ("b", "o1"), ("b", "o2")]]
+    assert pages(db, namespace="z", limit=3) == []
+    reading.end_snapshot(db)
+    assert not db.in_transaction
+
+
+def test_heads_size_the_rows_they_stand_for(db: sqlite3.Connection) -> None:
+    fill(db, [cm("x", 5, labels={"app": "y"}), cm("y", 6)], "10")
+    rows = reading.object_rows(db, shape_id=1, namespace=None, after=None, limit=10)
+    heads = reading.object_heads(db, shape_id=1, namespace=None, after=None, limit=10)
+    assert [h[:3] for h in heads] == [r[:3] for r in rows]
+    assert [(h[3], h[4]) for h in heads] == [
+        (len(r[3]), bytes(r[3][: reading.HEAD_BYTES])) for r in rows
+    ]
+
+
+def test_a_snapshot_keeps_its_state_while_the_writer_commits(tmp_path: Path) -> None:
+    """Pages read after a commit still show the snapshot's state (WAL: one read transaction)."""
+    path = tmp_path / "cache.db"
+    writer = sqlite3.connect(path)
+    writer.execute("PRAGMA journal_mode=WAL")
+    schema.migrate(writer)
+    writer.execute(
+        "INSERT INTO shapes (id, key, grp, version, resource, namespace, label_selector, "
+        "field_selector, configured, created_at, used_at) "
+        "VALUES (1, 'v1/configmaps', '', 'v1', 'configmaps', '', '', '', 1, 0, 0)"
+    )
+    writer.commit()
+    fill(writer, [cm(f"o{i}", 10 + i) for i in range(4)], "20")
+    reader = sqlite3.connect(path, isolation_level=None)
+    head = reading.begin_snapshot(reader, shape_id=1)
+    assert head is not None and head.rv == "20"
+    first = reading.object_rows(reader, shape_id=1, namespace=None, after=None, limit=2)
+    writing.apply_changes(
+        writer,
+        shape_id=1,
+        changes=[cm("o3", 30), replace(cm("o1", 31), type=ChangeType.DELETED), cm("n", 32)],
+    )
+    rest = reading.object_rows(reader, shape_id=1, namespace=None, after=("a", "o1"), limit=10)
+    assert [(r[1]) for r in first + rest] == ["o0", "o1", "o2", "o3"]
+    reading.end_snapshot(reader)
+    after = reading.object_rows(reader, shape_id=1, namespace=None, after=None, limit=10)
+    assert [r[1] for r in after] == ["n", "o0", "o2", "o3"]
+
+
+def test_single_reads(db: sqlite3.Connection) -> None:
+    fill(db, [cm("x", 5), cm("y", 6, ns="b")], "10")
+    raw = reading.get_object(db, shape_id=1, namespace="a", name="x")
+    assert raw is not None and b'"resourceVersion":"5"' in raw
+    assert reading.get_object(db, shape_id=1, namespace="a", name="y") is None
+    keys = [("a", "x"), ("b", "y"), ("a", "nope")] + [("z", f"n{i}") for i in range(900)]
+    assert reading.present(db, shape_id=1, keys=keys) == (("a", "x"), ("b", "y"))
+    assert reading.object_counts(db) == {1: 2}
+    assert reading.get_document(db, key="/apis?|") is None
+    assert reading.document_keys(db) == []
