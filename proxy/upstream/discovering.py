@@ -1,6 +1,6 @@
 """Discovery documents (``/api``, ``/apis``, ``/version``, ``/openapi/...``): kept, so a
 controller can start while the apiserver is unreachable, and answered from warmwatch's copy
-while the apiserver confirmed that copy recently (docs/design.md §4).
+while the apiserver confirmed that copy recently (docs/design.md §5).
 
 The rule a client sees (written in the README too):
 

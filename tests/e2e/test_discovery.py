@@ -1,4 +1,4 @@
-"""Discovery through warmwatch against the real apiserver (docs/design.md §4): answered from
+"""Discovery through warmwatch against the real apiserver (docs/design.md §5): answered from
 copies the apiserver confirmed lately, new CRDs made elsewhere visible within the copies' age,
 a CRD created through warmwatch visible through it as soon as at the apiserver."""
 
