@@ -170,16 +170,24 @@ def stage(connection: sqlite3.Connection, *, shape_id: int, objects: Iterable[Ch
 
     A first fill writes straight into ``objects``: readers never look at a shape without an RV,
     so the rows are invisible until ``finish_list`` sets it, and the fill costs one copy of the
-    data instead of two. A relist stages beside the state it will be diffed against.
+    data instead of two. A relist stages beside the state it will be diffed against, and an
+    object the cache already holds at the same resourceVersion and uid is staged as its key
+    only (empty labels and body): after a long outage most of a collection is unchanged, and
+    ``finish_list`` needs of it only that it is still there. (Sound because nothing else writes
+    the shape's objects while it relists: its watch is down until the relist is finished.)
     """
     with connection:
         if _filled(connection, shape_id):
+            batch = list(objects)
+            held = _held_versions(connection, shape_id, [(o.namespace, o.name) for o in batch])
             connection.executemany(
                 "INSERT OR REPLACE INTO staging (shape_id, namespace, name, uid, rv, rv_order, "
                 "labels, raw) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     (shape_id, o.namespace, o.name, o.uid, o.rv, o.rv_order, o.labels, o.raw)
-                    for o in objects
+                    if held.get((o.namespace, o.name)) != (o.rv, o.uid)
+                    else (shape_id, o.namespace, o.name, o.uid, o.rv, o.rv_order, b"", b"")
+                    for o in batch
                 ),
             )
         else:
@@ -187,6 +195,23 @@ def stage(connection: sqlite3.Connection, *, shape_id: int, objects: Iterable[Ch
                 _UPSERT_OBJECT,
                 ((shape_id, o.namespace, o.name, o.uid, o.rv, o.labels, o.raw) for o in objects),
             )
+
+
+def _held_versions(
+    connection: sqlite3.Connection, shape_id: int, keys: list[tuple[str, str]]
+) -> dict[tuple[str, str], tuple[str, str]]:
+    """(resourceVersion, uid) of those of ``keys`` the shape's objects hold."""
+    held: dict[tuple[str, str], tuple[str, str]] = {}
+    for start in range(0, len(keys), 400):  # SQLite's bound-parameter limit
+        chunk = keys[start : start + 400]
+        values = ",".join("(?, ?)" for _ in chunk)
+        for namespace, name, rv, uid in connection.execute(
+            f"SELECT namespace, name, rv, uid FROM objects WHERE shape_id = ? AND "
+            f"(namespace, name) IN (VALUES {values})",
+            (shape_id, *(part for key in chunk for part in key)),
+        ):
+            held[(namespace, name)] = (rv, uid)
+    return held
 
 
 def discard_staging(connection: sqlite3.Connection, *, shape_id: int) -> None:

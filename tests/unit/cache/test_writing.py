@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+from dataclasses import replace
 
 import orjson
 import pytest
@@ -138,6 +139,25 @@ def test_foreign_database_is_refused() -> None:
     connection.execute("CREATE TABLE users (id INTEGER)")
     with pytest.raises(schema.SchemaError, match="not a warmwatch database"):
         schema.migrate(connection)
+
+
+def test_a_relist_stages_unchanged_objects_as_keys_only(db: sqlite3.Connection) -> None:
+    fill(db, [cm("same", 5), cm("changed", 6), cm("recreated", 7)], "10")
+    recreated = replace(cm("recreated", 7), uid="uid-new")  # same RV, another object
+    writing.stage(db, shape_id=1, objects=[cm("same", 5), cm("changed", 20), recreated])
+    staged = {
+        name: len(raw) for name, raw in db.execute("SELECT name, raw FROM staging ORDER BY name")
+    }
+    assert staged["same"] == 0 and staged["changed"] > 0 and staged["recreated"] > 0
+    writing.finish_list(db, shape_id=1, rv="40", kind="ConfigMap", api_version="v1")
+    assert objects(db) == {"same": "5", "changed": "20", "recreated": "7"}
+    same = db.execute("SELECT raw FROM objects WHERE name = 'same'").fetchone()[0]
+    assert orjson.loads(same)["metadata"]["name"] == "same"  # the held body, untouched
+    assert [e[1:4] for e in events(db)][1:] == [
+        ("MODIFIED", "7", "recreated"),
+        ("MODIFIED", "20", "changed"),
+        ("BOOKMARK", "40", ""),
+    ]
 
 
 def test_a_relist_larger_than_a_chunk_is_appended_once(db: sqlite3.Connection) -> None:
