@@ -73,15 +73,17 @@ def position(connection: sqlite3.Connection, *, shape_id: int, rv: str) -> int:
             if versions.compare(rv, current_rv) == 1:
                 raise TooNew(rv=rv, current=current_rv)
             (first,) = connection.execute(
-                "SELECT min(seq) FROM events WHERE shape_id = ? AND (rv_order > ? OR "
-                "(rv_order = ? AND batch = 1 AND EXISTS (SELECT 1 FROM events WHERE "
-                "shape_id = ? AND rv_order = ? AND batch = 1 AND type = 'BOOKMARK')))",
-                (shape_id, order, order, shape_id, order),
+                "SELECT min(seq) FROM events WHERE shape_id = ? AND seq <= ? AND (rv_order > ? "
+                "OR (rv_order = ? AND batch = 1 AND EXISTS (SELECT 1 FROM events WHERE "
+                "shape_id = ? AND rv_order = ? AND batch = 1 AND type = 'BOOKMARK' "
+                "AND seq <= ?)))",
+                (shape_id, last_seq, order, order, shape_id, order, last_seq),
             ).fetchone()
             return int(first) - 1 if first is not None else int(last_seq)
         low, high, batch = connection.execute(
-            "SELECT min(seq), max(seq), max(batch) FROM events WHERE shape_id = ? AND rv = ?",
-            (shape_id, rv),
+            "SELECT min(seq), max(seq), max(batch) FROM events WHERE shape_id = ? AND rv = ? "
+            "AND seq <= ?",
+            (shape_id, rv, last_seq),
         ).fetchone()
         if low is None:
             if rv == current_rv:
@@ -96,13 +98,13 @@ def events_after(
     connection: sqlite3.Connection, *, shape_id: int, after: int, limit: int, last_seq: int
 ) -> list[EventRecord]:
     """Committed log entries after seq ``after``, at most ``limit``. ``last_seq`` is the
-    newest seq published: entries up to it that are no longer in the log were trimmed while
+    newest seq published (a relist in progress appends past it, unseen): entries up to it that are no longer in the log were trimmed while
     the watcher lagged (:class:`LogTrimmed`; "no rows" then must not read as "nothing new",
     or the watcher would spin)."""
     rows = connection.execute(
         "SELECT seq, type, rv, batch, namespace, name, labels, prev_labels, prev_raw, raw, at "
-        "FROM events WHERE shape_id = ? AND seq > ? ORDER BY seq LIMIT ?",
-        (shape_id, after, limit),
+        "FROM events WHERE shape_id = ? AND seq > ? AND seq <= ? ORDER BY seq LIMIT ?",
+        (shape_id, after, last_seq, limit),
     ).fetchall()
     if (rows and rows[0][0] != after + 1) or (not rows and after < last_seq):
         raise LogTrimmed(after)
@@ -136,6 +138,8 @@ class SnapshotHead:
     last_seq: int
     kind: str
     api_version: str
+    gen: int
+    """The generation of objects this state is (``writing``)."""
 
 
 def begin_snapshot(connection: sqlite3.Connection, *, shape_id: int) -> SnapshotHead | None:
@@ -143,12 +147,14 @@ def begin_snapshot(connection: sqlite3.Connection, *, shape_id: int) -> Snapshot
     the shape is not filled. Close it with :func:`end_snapshot`."""
     connection.execute("BEGIN")
     row = connection.execute(
-        "SELECT rv, last_seq, kind, api_version FROM shapes WHERE id = ?", (shape_id,)
+        "SELECT rv, last_seq, kind, api_version, gen FROM shapes WHERE id = ?", (shape_id,)
     ).fetchone()
     if row is None or row[0] is None:
         connection.execute("COMMIT")
         return None
-    return SnapshotHead(rv=row[0], last_seq=int(row[1]), kind=row[2], api_version=row[3])
+    return SnapshotHead(
+        rv=row[0], last_seq=int(row[1]), kind=row[2], api_version=row[3], gen=int(row[4])
+    )
 
 
 def end_snapshot(connection: sqlite3.Connection) -> None:
@@ -159,41 +165,41 @@ def end_snapshot(connection: sqlite3.Connection) -> None:
 def object_rows(
     connection: sqlite3.Connection,
     *,
-    shape_id: int,
+    gen: int,
     namespace: str | None,
     after: tuple[str, str] | None,
     limit: int,
 ) -> list[Row]:
-    """The next page of a shape's objects (of one namespace, or all) in key order, after the
-    key ``after`` (exclusive; None: from the start)."""
-    return _page(connection, "namespace, name, labels, raw", shape_id, namespace, after, limit)
+    """The next page of a snapshot's objects (``SnapshotHead.gen``; of one namespace, or
+    all) in key order, after the key ``after`` (exclusive; None: from the start)."""
+    return _page(connection, "namespace, name, labels, raw", gen, namespace, after, limit)
 
 
 def object_heads(
     connection: sqlite3.Connection,
     *,
-    shape_id: int,
+    gen: int,
     namespace: str | None,
     after: tuple[str, str] | None,
     limit: int,
 ) -> list[Head]:
     """:func:`object_rows` without the bodies: their lengths and first ``HEAD_BYTES``."""
     columns = f"namespace, name, labels, length(raw), substr(raw, 1, {HEAD_BYTES})"
-    return _page(connection, columns, shape_id, namespace, after, limit)
+    return _page(connection, columns, gen, namespace, after, limit)
 
 
 def _page(
     connection: sqlite3.Connection,
     columns: str,
-    shape_id: int,
+    gen: int,
     namespace: str | None,
     after: tuple[str, str] | None,
     limit: int,
 ) -> list[Any]:
-    # Keyset paging on the primary key (shape_id, namespace, name): each page is one index
+    # Keyset paging on the primary key (gen, namespace, name): each page is one index
     # seek, however deep into the collection it starts.
-    where: list[str] = ["shape_id = ?"]
-    params: list[object] = [shape_id]
+    where: list[str] = ["gen = ?"]
+    params: list[object] = [gen]
     if namespace is not None:
         where.append("namespace = ?")
         params.append(namespace)
@@ -209,13 +215,16 @@ def _page(
 
 # ------------------------------------------------------------------------- single reads
 
+_GEN = "(SELECT gen FROM shapes WHERE id = ?)"
+"""The generation of objects a shape shows now."""
+
 
 def get_object(
     connection: sqlite3.Connection, *, shape_id: int, namespace: str, name: str
 ) -> bytes | None:
     """One cached object's raw bytes, or None."""
     row = connection.execute(
-        "SELECT raw FROM objects WHERE shape_id = ? AND namespace = ? AND name = ?",
+        f"SELECT raw FROM objects WHERE gen = {_GEN} AND namespace = ? AND name = ?",
         (shape_id, namespace, name),
     ).fetchone()
     return bytes(row[0]) if row is not None else None
@@ -234,7 +243,7 @@ def present(
             found += [
                 (str(ns), str(name))
                 for ns, name in connection.execute(
-                    f"SELECT namespace, name FROM objects WHERE shape_id = ? AND "
+                    f"SELECT namespace, name FROM objects WHERE gen = {_GEN} AND "
                     f"(namespace, name) IN (VALUES {values})",
                     (shape_id, *(part for key in chunk for part in key)),
                 )
@@ -249,7 +258,7 @@ def object_counts(connection: sqlite3.Connection) -> dict[int, int]:
     return {
         int(shape_id): int(count)
         for shape_id, count in connection.execute(
-            "SELECT shape_id, count(*) FROM objects GROUP BY shape_id"
+            "SELECT s.id, (SELECT count(*) FROM objects o WHERE o.gen = s.gen) FROM shapes s"
         )
     }
 

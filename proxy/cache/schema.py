@@ -4,15 +4,20 @@ One database file holds every shape. Tables:
 
 - ``shapes``: one row per upstream collection watch: identity, the RV reached, the RV the event
   log starts at (a client can resume from any RV >= it), what kind of objects it holds.
-- ``objects``: current state per shape, keyed (shape, namespace, name); ``raw`` is the object
-  exactly as it is served: JSON (``kind`` and ``apiVersion`` included) for a ``json`` shape,
-  the object's own protobuf message (no envelope) for a ``protobuf`` shape.
+- ``objects``: the state of each shape, keyed (generation, namespace, name); ``raw`` is the
+  object exactly as it is served: JSON (``kind`` and ``apiVersion`` included) for a ``json``
+  shape, the object's own protobuf message (no envelope) for a ``protobuf`` shape. A shape's
+  objects are the rows of its generation ``shapes.gen``; a relist builds the next generation
+  (``shapes.next_gen``) beside it in slices and publishes it by switching ``gen``
+  (``writing.Relist``).
 - ``events``: the append-only log per shape, ordered by ``seq``. ``rv_order`` is the RV as an
   integer where it is well-formed (KEP-5504), for resume look-ups. BOOKMARK rows are positions
   only (never sent as events). ``prev_labels`` / ``prev_raw`` describe the previous state where
   label-selector filtering needs it (``prev_raw`` only when the labels changed).
-- ``staging``: rows of a list in progress, committed in batches and made visible in the one
-  transaction that ends the list (initial fill or relist diff).
+- ``staging``: what a relist in progress listed, by the generation it builds: changed objects
+  whole, unchanged ones as keys only.
+- ``garbage``: generations whose ``objects`` or ``staging`` rows are deleted in slices in
+  the background (a replaced generation, an abandoned list, a dropped shape).
 - ``discovery``: discovery documents for an offline start.
 - ``meta``: the schema version. An unknown version is refused, never guessed at.
 """
@@ -22,8 +27,10 @@ from __future__ import annotations
 import sqlite3
 from typing import Final
 
-SCHEMA_VERSION: Final = 2
-"""2: ``shapes.encoding`` (1 had JSON shapes only; migrated in place)."""
+SCHEMA_VERSION: Final = 3
+"""2: ``shapes.encoding`` (1 had JSON shapes only). 3: generations of objects
+(``shapes.gen``, ``shapes.next_gen``, ``objects.gen``, ``staging.gen``, ``garbage``).
+Both migrated in place, without rewriting rows."""
 
 PAGE_SIZE: Final = 16384
 """Rows are ~2-5 KB: 16 KiB pages keep several per page and overflow chains rare."""
@@ -58,22 +65,24 @@ CREATE TABLE IF NOT EXISTS shapes (
     last_seq      INTEGER NOT NULL DEFAULT 0,
     created_at    REAL NOT NULL,
     used_at       REAL NOT NULL,
-    listed_at     REAL
+    listed_at     REAL,
+    gen           INTEGER,                  -- the generation of objects readers see
+    next_gen      INTEGER                   -- the generation a relist in progress builds
 );
 
 CREATE TABLE IF NOT EXISTS objects (
-    shape_id  INTEGER NOT NULL,
+    gen       INTEGER NOT NULL,             -- shapes.gen of the shape it belongs to
     namespace TEXT NOT NULL,
     name      TEXT NOT NULL,
     uid       TEXT NOT NULL,
     rv        TEXT NOT NULL,
     labels    BLOB NOT NULL,                -- JSON object
     raw       BLOB NOT NULL,
-    PRIMARY KEY (shape_id, namespace, name)
+    PRIMARY KEY (gen, namespace, name)
 ) WITHOUT ROWID;
 -- Counting objects per shape (a metric, every minute) reads this small index, not the rows
 -- with their bodies.
-CREATE INDEX IF NOT EXISTS objects_by_shape ON objects (shape_id);
+CREATE INDEX IF NOT EXISTS objects_by_shape ON objects (gen);
 
 CREATE TABLE IF NOT EXISTS events (
     shape_id    INTEGER NOT NULL,
@@ -96,19 +105,25 @@ CREATE INDEX IF NOT EXISTS events_by_rv ON events (shape_id, rv_order);
 CREATE INDEX IF NOT EXISTS events_by_time ON events (shape_id, at);
 
 CREATE TABLE IF NOT EXISTS staging (
-    shape_id  INTEGER NOT NULL,
+    gen       INTEGER NOT NULL,             -- the generation the relist builds
     namespace TEXT NOT NULL,
     name      TEXT NOT NULL,
     uid       TEXT NOT NULL,
     rv        TEXT NOT NULL,
-    rv_order  INTEGER,
-    labels    BLOB NOT NULL,
+    rv_order  INTEGER,                      -- int(rv), -1 when ill-formed (never NULL: paged on)
+    labels    BLOB NOT NULL,                -- empty with raw: unchanged, the key only
     raw       BLOB NOT NULL,
-    PRIMARY KEY (shape_id, namespace, name)
+    PRIMARY KEY (gen, namespace, name)
 ) WITHOUT ROWID;
--- A relist's changes are appended in object-RV order: read in that order from this index,
+-- A relist's changes are appended in object-RV order: paged in that order on this index,
 -- not sorted in memory with their bodies.
-CREATE INDEX IF NOT EXISTS staging_by_rv ON staging (shape_id, rv_order, rv);
+CREATE INDEX IF NOT EXISTS staging_by_rv ON staging (gen, rv_order, rv);
+
+CREATE TABLE IF NOT EXISTS garbage (
+    gen       INTEGER NOT NULL,
+    tbl       TEXT NOT NULL,                -- objects | staging
+    PRIMARY KEY (gen, tbl)
+) WITHOUT ROWID;
 
 CREATE TABLE IF NOT EXISTS discovery (
     key       TEXT PRIMARY KEY,
@@ -160,6 +175,9 @@ def migrate(connection: sqlite3.Connection) -> None:
                 )
                 connection.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
             row = ("2",)
+        if row is not None and row[0] == "2":
+            _migrate_2_to_3(connection)
+            row = ("3",)
         if row is None or row[0] != str(SCHEMA_VERSION):
             found = row[0] if row else "none"
             raise SchemaError(f"schema version {found}; this build reads {SCHEMA_VERSION}")
@@ -169,6 +187,20 @@ def migrate(connection: sqlite3.Connection) -> None:
             "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
             (str(SCHEMA_VERSION),),
         )
+
+
+def _migrate_2_to_3(connection: sqlite3.Connection) -> None:
+    """Each shape's objects become its first generation (its id, as before); renaming a
+    column and adding nullable ones rewrite no rows. What a version-2 relist left staged was
+    unfinished (it is listed again) and is dropped."""
+    with connection:
+        connection.execute("ALTER TABLE shapes ADD COLUMN gen INTEGER")
+        connection.execute("ALTER TABLE shapes ADD COLUMN next_gen INTEGER")
+        connection.execute("UPDATE shapes SET gen = id")
+        connection.execute("ALTER TABLE objects RENAME COLUMN shape_id TO gen")
+        connection.execute("DELETE FROM staging")
+        connection.execute("ALTER TABLE staging RENAME COLUMN shape_id TO gen")
+        connection.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
 
 
 def integrity_problem(connection: sqlite3.Connection) -> str | None:

@@ -83,7 +83,7 @@ class Snapshot:
     kind: str
     api_version: str
     _db: aiosqlite.Connection
-    _shape_id: int
+    _gen: int
     _namespace: str | None
     _batch: int
 
@@ -93,7 +93,7 @@ class Snapshot:
             page = await _on_thread(
                 self._db,
                 read,
-                shape_id=self._shape_id,
+                gen=self._gen,
                 namespace=self._namespace,
                 after=after,
                 limit=self._batch,
@@ -274,7 +274,7 @@ class Store:
             return self._remember(row)
 
     async def drop_shape(self, shape: Shape) -> None:
-        await self._write(_delete_shape, shape_id=shape.id)
+        await self._write(writing.discard_shape, shape_id=shape.id)
         self.shapes.pop(shape.key, None)
         shape.log.close()
 
@@ -295,24 +295,39 @@ class Store:
     async def stage(self, shape: Shape, objects: Sequence[Change]) -> None:
         await self._write(writing.stage, shape_id=shape.id, objects=objects)
 
-    async def discard_staging(self, shape: Shape) -> None:
-        await self._write(writing.discard_staging, shape_id=shape.id)
+    async def begin_list(self, shape: Shape) -> None:
+        """``writing.begin_list``: before a list's first page (a fill, a relist, a retry)."""
+        await self._write(writing.begin_list, shape_id=shape.id)
 
     async def finish_list(self, shape: Shape, *, rv: str, kind: str, api_version: str) -> int:
-        """Make a staged list visible (fill, or relist diff); returns events appended."""
-        committed = await self._write(
-            writing.finish_list,
-            shape_id=shape.id,
-            rv=rv,
-            kind=kind,
-            api_version=api_version,
-            tail=self.settings.ring_size,
-        )
+        """Make a staged list visible (a first fill, or a relist in bounded steps between
+        which other shapes commit); returns events appended."""
+        if shape.rv is None:
+            committed = await self._write(
+                writing.finish_fill, shape_id=shape.id, rv=rv, kind=kind, api_version=api_version
+            )
+        else:
+            relist = writing.Relist(
+                shape_id=shape.id,
+                rv=rv,
+                kind=kind,
+                api_version=api_version,
+                tail=self.settings.ring_size,
+            )
+            while (published := await self._write(relist.step)) is None:
+                pass
+            committed = published
         shape.rv, shape.kind, shape.api_version = rv, kind, api_version
         if shape.log_start_rv is None:
             shape.log_start_rv = rv
         shape.log.publish(last_seq=committed.last_seq, records=committed.records)
+        await self.collect_garbage()
         return committed.count - 1  # the list-RV bookmark is a position, not an event
+
+    async def collect_garbage(self) -> None:
+        """Delete replaced and abandoned generations, a slice per transaction."""
+        while await self._write(writing.collect_garbage):
+            pass
 
     async def trim(self) -> int:
         """Apply log retention to every shape, then truncate the WAL."""
@@ -326,6 +341,7 @@ class Store:
             )
             row = await self._write(_shape_log_start, shape_id=shape.id)
             shape.log_start_rv = row
+        await self.collect_garbage()  # what an abandoned list or a dropped shape left
         if dropped:
             await self._write(_checkpoint, mode="PASSIVE")
         return dropped
@@ -394,7 +410,7 @@ class Store:
                     kind=head.kind,
                     api_version=head.api_version,
                     _db=db,
-                    _shape_id=shape.id,
+                    _gen=head.gen,
                     _namespace=namespace or None,
                     _batch=batch,
                 )
@@ -477,13 +493,9 @@ _SHAPE_COLUMNS = (
 
 
 def _load_shapes(connection: sqlite3.Connection) -> list[tuple[Any, ...]]:
-    # A list interrupted by a crash starts over: its staged rows, and the objects of a first
-    # fill (written in place: no reader looks at a shape before it has an RV), are dropped.
-    connection.execute("DELETE FROM staging")
-    connection.execute(
-        "DELETE FROM objects WHERE shape_id IN (SELECT id FROM shapes WHERE rv IS NULL)"
-    )
-    connection.commit()
+    # A list interrupted by a crash starts over; what it wrote is garbage, collected in slices
+    # by the first maintenance pass (so a warm start does not wait for it).
+    writing.abandon_lists(connection)
     return connection.execute(f"SELECT {_SHAPE_COLUMNS} FROM shapes ORDER BY id").fetchall()
 
 
@@ -494,8 +506,8 @@ def _insert_shape(
     with connection:
         connection.execute(
             "INSERT INTO shapes (key, grp, version, resource, namespace, label_selector, "
-            "field_selector, encoding, configured, created_at, used_at) "
-            "VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            "field_selector, encoding, configured, created_at, used_at, gen) "
+            "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 key.identity,
                 key.group,
@@ -508,6 +520,7 @@ def _insert_shape(
                 int(configured),
                 now,
                 now,
+                writing.new_generation(connection),
             ),
         )
         row: tuple[Any, ...] = connection.execute(
@@ -519,13 +532,6 @@ def _insert_shape(
 def _set_configured(connection: sqlite3.Connection, *, shape_id: int) -> None:
     with connection:
         connection.execute("UPDATE shapes SET configured = 1 WHERE id = ?", (shape_id,))
-
-
-def _delete_shape(connection: sqlite3.Connection, *, shape_id: int) -> None:
-    with connection:
-        for table in ("objects", "events", "staging"):
-            connection.execute(f"DELETE FROM {table} WHERE shape_id = ?", (shape_id,))
-        connection.execute("DELETE FROM shapes WHERE id = ?", (shape_id,))
 
 
 def _shape_log_start(connection: sqlite3.Connection, *, shape_id: int) -> str | None:

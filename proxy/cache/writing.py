@@ -6,6 +6,14 @@ consistent snapshot at an RV it had reached. They run on the single writer conne
 (see ``store.Store``); tests call them directly on an in-memory database.
 
 Sequence numbers are assigned here, from the shape row, inside the transaction.
+
+A shape's objects are one *generation* of rows (``shapes.gen``). A first fill writes its
+generation directly (readers serve nothing before the shape has an RV). A relist builds the
+next generation beside the visible one in bounded transactions (:class:`Relist`) — its log
+entries appended past ``shapes.last_seq``, where no reader looks — and publishes it in one small
+transaction that switches ``gen`` and ``last_seq``: readers see the old state or the new one,
+never a mix, and the writer is never held for longer than one slice. Replaced and abandoned
+generations are deleted in slices afterwards (:func:`collect_garbage`).
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from proxy.cache import reading
 from proxy.cache.records import Change, ChangeType, EventRecord, rv_order, with_resource_version
 
 _INSERT_EVENT = """
@@ -23,10 +32,10 @@ INSERT INTO events (shape_id, seq, type, rv, rv_order, batch, namespace, name,
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 """
 _UPSERT_OBJECT = """
-INSERT OR REPLACE INTO objects (shape_id, namespace, name, uid, rv, labels, raw)
+INSERT OR REPLACE INTO objects (gen, namespace, name, uid, rv, labels, raw)
 VALUES (?, ?, ?, ?, ?, ?, ?)
 """
-_DELETE_OBJECT = "DELETE FROM objects WHERE shape_id = ? AND namespace = ? AND name = ?"
+_DELETE_OBJECT = "DELETE FROM objects WHERE gen = ? AND namespace = ? AND name = ?"
 
 CHUNK = 2000
 """Rows moved per executemany call: large enough to amortise, small enough to bound memory."""
@@ -48,6 +57,40 @@ def _last_seq(connection: sqlite3.Connection, shape_id: int) -> int:
     if row is None:
         raise KeyError(f"shape {shape_id} does not exist")
     return int(row[0])
+
+
+@dataclass(frozen=True, slots=True)
+class _Gens:
+    gen: int
+    next_gen: int | None
+    filled: bool
+
+
+def _gens(connection: sqlite3.Connection, shape_id: int) -> _Gens:
+    row = connection.execute(
+        "SELECT gen, next_gen, rv FROM shapes WHERE id = ?", (shape_id,)
+    ).fetchone()
+    if row is None:
+        raise KeyError(f"shape {shape_id} does not exist")
+    return _Gens(gen=int(row[0]), next_gen=row[1], filled=row[2] is not None)
+
+
+def new_generation(connection: sqlite3.Connection) -> int:
+    """A generation number no rows carry: above every live, building or garbage one (a
+    collected generation has no rows left, so a number may come back only once unused)."""
+    (top,) = connection.execute(
+        "SELECT max(g) FROM (SELECT max(max(gen), coalesce(max(next_gen), 0)) AS g FROM shapes "
+        "UNION ALL SELECT max(gen) FROM garbage)"
+    ).fetchone()
+    return int(top or 0) + 1
+
+
+def _max_seq(connection: sqlite3.Connection, shape_id: int) -> int:
+    """The newest log entry, published or not (a relist appends past ``last_seq``)."""
+    (seq,) = connection.execute(
+        "SELECT max(seq) FROM events WHERE shape_id = ?", (shape_id,)
+    ).fetchone()
+    return int(seq or 0)
 
 
 def _event_row(shape_id: int, record: EventRecord, now: float) -> tuple[object, ...]:
@@ -79,6 +122,7 @@ def apply_changes(
     now = time.time()
     with connection:
         seq = _last_seq(connection, shape_id)
+        gen = _gens(connection, shape_id).gen
         previous: dict[tuple[str, str], tuple[bytes, bytes] | None] = {}
         records: list[EventRecord] = []
         upserts: list[tuple[object, ...]] = []
@@ -90,9 +134,8 @@ def apply_changes(
             key = (change.namespace, change.name)
             if key not in previous:
                 row = connection.execute(
-                    "SELECT labels, raw FROM objects WHERE shape_id = ? AND namespace = ? "
-                    "AND name = ?",
-                    (shape_id, *key),
+                    "SELECT labels, raw FROM objects WHERE gen = ? AND namespace = ? AND name = ?",
+                    (gen, *key),
                 ).fetchone()
                 previous[key] = (bytes(row[0]), bytes(row[1])) if row else None
             before = previous[key]
@@ -117,12 +160,12 @@ def apply_changes(
                 previous[key] = None
                 connection.executemany(_UPSERT_OBJECT, upserts)  # keep the order of changes
                 upserts.clear()
-                connection.execute(_DELETE_OBJECT, (shape_id, *key))
+                connection.execute(_DELETE_OBJECT, (gen, *key))
             else:
                 previous[key] = (change.labels, change.raw)
                 upserts.append(
                     (
-                        shape_id,
+                        gen,
                         change.namespace,
                         change.name,
                         change.uid,
@@ -160,181 +203,332 @@ def _bookmark(seq: int, rv: str, *, at: float, batch: bool = False) -> EventReco
     )
 
 
-def _filled(connection: sqlite3.Connection, shape_id: int) -> bool:
-    row = connection.execute("SELECT rv FROM shapes WHERE id = ?", (shape_id,)).fetchone()
-    return row is not None and row[0] is not None
+def begin_list(connection: sqlite3.Connection, *, shape_id: int) -> None:
+    """Start a list of the shape, before its first page is staged: whatever an unfinished
+    list left behind is given up, and this one gets a fresh generation to build.
+
+    - First fill (the shape has no RV): its rows go straight into ``gen``; a generation that
+      holds rows of an abandoned fill becomes garbage and a fresh one takes its place.
+    - Relist: ``next_gen`` is a fresh generation; what an abandoned relist staged and built
+      becomes garbage, and the log entries it appended past ``last_seq`` are dropped.
+    """
+    with connection:
+        gens = _gens(connection, shape_id)
+        _abandon(connection, shape_id, gens)
+        fresh = new_generation(connection)
+        if gens.filled:
+            connection.execute("UPDATE shapes SET next_gen = ? WHERE id = ?", (fresh, shape_id))
+        elif connection.execute(
+            "SELECT 1 FROM objects WHERE gen = ? LIMIT 1", (gens.gen,)
+        ).fetchone():
+            _discard(connection, gens.gen, "objects")
+            connection.execute("UPDATE shapes SET gen = ? WHERE id = ?", (fresh, shape_id))
+
+
+def abandon_lists(connection: sqlite3.Connection) -> None:
+    """At start: every list a stopped warmwatch left unfinished is given up (listed again)."""
+    with connection:
+        for (shape_id,) in connection.execute(
+            "SELECT id FROM shapes WHERE next_gen IS NOT NULL OR rv IS NULL"
+        ).fetchall():
+            gens = _gens(connection, shape_id)
+            _abandon(connection, shape_id, gens)
+            if not gens.filled:
+                _discard(connection, gens.gen, "objects")
+                connection.execute(
+                    "UPDATE shapes SET gen = ? WHERE id = ?",
+                    (new_generation(connection), shape_id),
+                )
+
+
+def _abandon(connection: sqlite3.Connection, shape_id: int, gens: _Gens) -> None:
+    """Give up a relist in progress (inside the caller's transaction)."""
+    if gens.next_gen is not None:
+        _discard(connection, gens.next_gen, "objects")
+        _discard(connection, gens.next_gen, "staging")
+        connection.execute("UPDATE shapes SET next_gen = NULL WHERE id = ?", (shape_id,))
+    connection.execute(
+        "DELETE FROM events WHERE shape_id = ? AND seq > (SELECT last_seq FROM shapes "
+        "WHERE id = ?)",
+        (shape_id, shape_id),
+    )
+
+
+def _discard(connection: sqlite3.Connection, gen: int, table: str) -> None:
+    connection.execute("INSERT OR IGNORE INTO garbage (gen, tbl) VALUES (?, ?)", (gen, table))
+
+
+def discard_shape(connection: sqlite3.Connection, *, shape_id: int) -> None:
+    """Drop a shape: its log, its row; its generations become garbage."""
+    with connection:
+        gens = _gens(connection, shape_id)
+        _discard(connection, gens.gen, "objects")
+        if gens.next_gen is not None:
+            _discard(connection, gens.next_gen, "objects")
+            _discard(connection, gens.next_gen, "staging")
+        connection.execute("DELETE FROM events WHERE shape_id = ?", (shape_id,))
+        connection.execute("DELETE FROM shapes WHERE id = ?", (shape_id,))
+
+
+def collect_garbage(connection: sqlite3.Connection, *, limit: int = CHUNK) -> bool:
+    """Delete up to ``limit`` rows of one garbage generation; True while garbage is left."""
+    with connection:
+        row = connection.execute("SELECT gen, tbl FROM garbage LIMIT 1").fetchone()
+        if row is None:
+            return False
+        gen, table = int(row[0]), str(row[1])
+        if table not in ("objects", "staging"):
+            raise ValueError(f"garbage of unknown table {table!r}")
+        deleted = connection.execute(
+            f"DELETE FROM {table} WHERE gen = ? AND (namespace, name) IN "
+            f"(SELECT namespace, name FROM {table} WHERE gen = ? LIMIT ?)",
+            (gen, gen, limit),
+        ).rowcount
+        if deleted < limit:
+            connection.execute("DELETE FROM garbage WHERE gen = ? AND tbl = ?", (gen, table))
+        return connection.execute("SELECT 1 FROM garbage LIMIT 1").fetchone() is not None
 
 
 def stage(connection: sqlite3.Connection, *, shape_id: int, objects: Iterable[Change]) -> None:
-    """Commit one batch of a list in progress; invisible to readers until ``finish_list``.
+    """Commit one batch of a list in progress (after :func:`begin_list`); invisible to readers
+    until the list is finished.
 
-    A first fill writes straight into ``objects``: readers never look at a shape without an RV,
-    so the rows are invisible until ``finish_list`` sets it, and the fill costs one copy of the
-    data instead of two. A relist stages beside the state it will be diffed against, and an
-    object the cache already holds at the same resourceVersion and uid is staged as its key
-    only (empty labels and body): after a long outage most of a collection is unchanged, and
-    ``finish_list`` needs of it only that it is still there. (Sound because nothing else writes
-    the shape's objects while it relists: its watch is down until the relist is finished.)
+    A first fill writes straight into the shape's generation: readers never look at a shape
+    without an RV, so the rows are invisible until :func:`finish_fill` sets it, and the fill
+    costs one copy of the data instead of two. A relist stages what it lists for the
+    generation it builds; an object the cache already holds at the same resourceVersion and
+    uid is staged as its key only (empty labels and body): after a long outage most of a
+    collection is unchanged, and :class:`Relist` copies those rows inside SQLite. (Sound
+    because nothing else writes the shape's objects while it relists: its watch is down until
+    the relist is published.)
     """
     with connection:
-        if _filled(connection, shape_id):
-            batch = list(objects)
-            held = _held_versions(connection, shape_id, [(o.namespace, o.name) for o in batch])
-            connection.executemany(
-                "INSERT OR REPLACE INTO staging (shape_id, namespace, name, uid, rv, rv_order, "
-                "labels, raw) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    (shape_id, o.namespace, o.name, o.uid, o.rv, o.rv_order, o.labels, o.raw)
-                    if held.get((o.namespace, o.name)) != (o.rv, o.uid)
-                    else (shape_id, o.namespace, o.name, o.uid, o.rv, o.rv_order, b"", b"")
-                    for o in batch
-                ),
-            )
-        else:
+        gens = _gens(connection, shape_id)
+        if not gens.filled:
             connection.executemany(
                 _UPSERT_OBJECT,
-                ((shape_id, o.namespace, o.name, o.uid, o.rv, o.labels, o.raw) for o in objects),
+                ((gens.gen, o.namespace, o.name, o.uid, o.rv, o.labels, o.raw) for o in objects),
             )
+            return
+        if gens.next_gen is None:
+            raise RuntimeError(f"shape {shape_id}: a relist is staged without begin_list")
+        batch = list(objects)
+        held = _held_versions(connection, gens.gen, [(o.namespace, o.name) for o in batch])
+        connection.executemany(
+            "INSERT OR REPLACE INTO staging (gen, namespace, name, uid, rv, rv_order, labels, "
+            "raw) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                (
+                    gens.next_gen,
+                    o.namespace,
+                    o.name,
+                    o.uid,
+                    o.rv,
+                    -1 if o.rv_order is None else o.rv_order,
+                    *(
+                        (b"", b"")
+                        if held.get((o.namespace, o.name)) == (o.rv, o.uid)
+                        else (o.labels, o.raw)
+                    ),
+                )
+                for o in batch
+            ),
+        )
 
 
 def _held_versions(
-    connection: sqlite3.Connection, shape_id: int, keys: list[tuple[str, str]]
+    connection: sqlite3.Connection, gen: int, keys: list[tuple[str, str]]
 ) -> dict[tuple[str, str], tuple[str, str]]:
-    """(resourceVersion, uid) of those of ``keys`` the shape's objects hold."""
+    """(resourceVersion, uid) of those of ``keys`` the generation holds."""
     held: dict[tuple[str, str], tuple[str, str]] = {}
     for start in range(0, len(keys), 400):  # SQLite's bound-parameter limit
         chunk = keys[start : start + 400]
         values = ",".join("(?, ?)" for _ in chunk)
         for namespace, name, rv, uid in connection.execute(
-            f"SELECT namespace, name, rv, uid FROM objects WHERE shape_id = ? AND "
+            f"SELECT namespace, name, rv, uid FROM objects WHERE gen = ? AND "
             f"(namespace, name) IN (VALUES {values})",
-            (shape_id, *(part for key in chunk for part in key)),
+            (gen, *(part for key in chunk for part in key)),
         ):
             held[(namespace, name)] = (rv, uid)
     return held
 
 
-def discard_staging(connection: sqlite3.Connection, *, shape_id: int) -> None:
-    """Forget a list in progress (before starting one): staged rows, or an unfinished fill."""
-    with connection:
-        connection.execute("DELETE FROM staging WHERE shape_id = ?", (shape_id,))
-        if not _filled(connection, shape_id):
-            connection.execute("DELETE FROM objects WHERE shape_id = ?", (shape_id,))
-
-
-def finish_list(
+def finish_fill(
     connection: sqlite3.Connection,
     *,
     shape_id: int,
     rv: str,
     kind: str,
     api_version: str,
-    tail: int = CHUNK,
 ) -> Committed:
-    """Make a completed list visible in one transaction.
-
-    First list of a shape: the staged objects become its state and its log starts at ``rv``.
-    Relist (after 410): the difference from the cached state is appended to the log as ordinary
-    events — ADDED/MODIFIED in object-RV order, then DELETED for what vanished, stamped with the
-    relist RV — so watching clients lose nothing, deletes included (docs/design.md §4).
-    """
+    """Make a shape's first list visible: its staged generation becomes its state and its
+    log starts at ``rv``."""
     now = time.time()
     with connection:
-        shape = connection.execute(
-            "SELECT rv, last_seq FROM shapes WHERE id = ?", (shape_id,)
-        ).fetchone()
-        first_list = shape[0] is None
-        seq = int(shape[1])
-        records: list[EventRecord] = []  # appended, not inserted yet
-        published: list[EventRecord] = []  # the newest inserted ones, at most ``tail``
-        count = 0
-
-        def flush() -> None:
-            nonlocal records, published, count
-            connection.executemany(_INSERT_EVENT, (_event_row(shape_id, r, now) for r in records))
-            count += len(records)
-            published = (published + records)[-tail:]
-            records = []
-
-        if not first_list:  # a first fill is already in place (see ``stage``)
-            changed = connection.execute(
-                "SELECT s.namespace, s.name, s.uid, s.rv, s.labels, s.raw, o.labels, o.raw "
-                "FROM staging s LEFT JOIN objects o ON o.shape_id = s.shape_id "
-                "AND o.namespace = s.namespace AND o.name = s.name "
-                "WHERE s.shape_id = ? AND (o.rv IS NULL OR o.rv != s.rv OR o.uid != s.uid) "
-                "ORDER BY s.rv_order, s.rv",
-                (shape_id,),
-            )
-            upserts = []
-            for namespace, name, uid, obj_rv, labels, raw, old_labels, old_raw in changed:
-                seq += 1
-                labels_changed = old_labels is not None and bytes(old_labels) != bytes(labels)
-                records.append(
-                    EventRecord(
-                        seq=seq,
-                        type=ChangeType.ADDED if old_labels is None else ChangeType.MODIFIED,
-                        rv=obj_rv,
-                        batch=True,
-                        namespace=namespace,
-                        name=name,
-                        labels=bytes(labels),
-                        prev_labels=bytes(old_labels) if old_labels is not None else None,
-                        prev_raw=bytes(old_raw) if labels_changed else None,
-                        raw=bytes(raw),
-                        at=now,
-                    )
-                )
-                upserts.append((shape_id, namespace, name, uid, obj_rv, labels, raw))
-                if len(upserts) >= CHUNK:
-                    flush()
-                    connection.executemany(_UPSERT_OBJECT, upserts)
-                    upserts.clear()
-            connection.executemany(_UPSERT_OBJECT, upserts)
-            # What vanished, read in chunks (never all at once: half a million objects may
-            # have gone while warmwatch was down), then deleted by one statement.
-            vanished = connection.execute(
-                "SELECT o.namespace, o.name, o.labels, o.raw FROM objects o "
-                "WHERE o.shape_id = ? AND NOT EXISTS (SELECT 1 FROM staging s WHERE "
-                "s.shape_id = o.shape_id AND s.namespace = o.namespace AND s.name = o.name) "
-                "ORDER BY o.namespace, o.name",
-                (shape_id,),
-            )
-            while chunk := vanished.fetchmany(CHUNK):
-                for namespace, name, labels, raw in chunk:
-                    seq += 1
-                    records.append(
-                        EventRecord(
-                            seq=seq,
-                            type=ChangeType.DELETED,
-                            rv=rv,
-                            batch=True,
-                            namespace=namespace,
-                            name=name,
-                            labels=bytes(labels),
-                            prev_labels=bytes(labels),
-                            prev_raw=None,
-                            raw=with_resource_version(bytes(raw), rv),
-                            at=now,
-                        )
-                    )
-                flush()
-            connection.execute(
-                "DELETE FROM objects WHERE shape_id = ? AND NOT EXISTS (SELECT 1 FROM staging s "
-                "WHERE s.shape_id = objects.shape_id AND s.namespace = objects.namespace "
-                "AND s.name = objects.name)",
-                (shape_id,),
-            )
-        # The list RV is a position in the log: a client holding it resumes right after it.
-        seq += 1
-        records.append(_bookmark(seq, rv, at=now, batch=not first_list))
-        flush()
-        connection.execute("DELETE FROM staging WHERE shape_id = ?", (shape_id,))
+        if _gens(connection, shape_id).filled:
+            raise RuntimeError(f"shape {shape_id} is filled already; a relist is a Relist")
+        seq = _last_seq(connection, shape_id) + 1
+        bookmark = _bookmark(seq, rv, at=now)
+        connection.execute(_INSERT_EVENT, _event_row(shape_id, bookmark, now))
         connection.execute(
             "UPDATE shapes SET rv = ?, last_seq = ?, kind = ?, api_version = ?, listed_at = ?, "
             "log_start_rv = COALESCE(log_start_rv, ?) WHERE id = ?",
             (rv, seq, kind, api_version, now, rv, shape_id),
         )
-    return Committed(rv=rv, last_seq=seq, count=count, records=tuple(published))
+    return Committed(rv=rv, last_seq=seq, count=1, records=(bookmark,))
+
+
+@dataclass(kw_only=True)
+class Relist:
+    """Finishing a relist (after 410) in bounded transactions: call :meth:`step` until it
+    returns what was published.
+
+    The difference from the cached state is appended to the log as ordinary events, so
+    watching clients lose nothing, deletes included (docs/design.md §4): ADDED/MODIFIED in
+    object-RV order (paged on ``staging_by_rv``), then DELETED for what vanished, stamped with
+    the relist RV, then a bookmark at the relist RV (a position: a client holding it resumes
+    right after it). Steps, each one transaction of at most ``limit`` rows:
+
+    1. changes: the next page of changed objects: their events, their rows in the new
+       generation;
+    2. the rest: the next page of the old generation by key: DELETED events for what
+       vanished, unchanged rows copied into the new generation;
+    3. publish: the bookmark, ``gen`` and ``last_seq`` switched, the old generation and the
+       staging rows given to the garbage collector.
+    """
+
+    shape_id: int
+    rv: str
+    kind: str
+    api_version: str
+    limit: int = CHUNK
+    tail: int = CHUNK
+    _phase: str = "changes"
+    _after: tuple[object, ...] | None = None
+
+    def step(self, connection: sqlite3.Connection) -> Committed | None:
+        with connection:
+            gens = _gens(connection, self.shape_id)
+            if gens.next_gen is None:
+                raise RuntimeError(f"shape {self.shape_id}: no relist in progress")
+            if self._phase == "changes":
+                if self._changes(connection, gens.gen, gens.next_gen):
+                    self._phase, self._after = "rest", None
+                return None
+            if self._phase == "rest":
+                if self._rest(connection, gens.gen, gens.next_gen):
+                    self._phase = "publish"
+                return None
+            return self._publish(connection, gens.gen, gens.next_gen)
+
+    def _changes(self, connection: sqlite3.Connection, gen: int, next_gen: int) -> bool:
+        keyset = (
+            "AND (s.rv_order, s.rv, s.namespace, s.name) > (?, ?, ?, ?) " if self._after else ""
+        )
+        rows = connection.execute(
+            "SELECT s.namespace, s.name, s.uid, s.rv, s.rv_order, s.labels, s.raw, o.labels, "
+            "o.raw FROM staging s LEFT JOIN objects o ON o.gen = ? "
+            "AND o.namespace = s.namespace AND o.name = s.name "
+            f"WHERE s.gen = ? AND length(s.raw) > 0 {keyset}"
+            "ORDER BY s.rv_order, s.rv, s.namespace, s.name LIMIT ?",
+            (gen, next_gen, *(self._after or ()), self.limit),
+        ).fetchall()
+        now, seq = time.time(), _max_seq(connection, self.shape_id)
+        records, upserts = [], []
+        for namespace, name, uid, obj_rv, _, labels, raw, old_labels, old_raw in rows:
+            seq += 1
+            labels_changed = old_labels is not None and bytes(old_labels) != bytes(labels)
+            records.append(
+                EventRecord(
+                    seq=seq,
+                    type=ChangeType.ADDED if old_labels is None else ChangeType.MODIFIED,
+                    rv=obj_rv,
+                    batch=True,
+                    namespace=namespace,
+                    name=name,
+                    labels=bytes(labels),
+                    prev_labels=bytes(old_labels) if old_labels is not None else None,
+                    prev_raw=bytes(old_raw) if labels_changed else None,
+                    raw=bytes(raw),
+                    at=now,
+                )
+            )
+            upserts.append((next_gen, namespace, name, uid, obj_rv, labels, raw))
+        connection.executemany(_INSERT_EVENT, (_event_row(self.shape_id, r, now) for r in records))
+        connection.executemany(_UPSERT_OBJECT, upserts)
+        if rows:
+            last = rows[-1]
+            self._after = (last[4], last[3], last[0], last[1])
+        return len(rows) < self.limit
+
+    def _rest(self, connection: sqlite3.Connection, gen: int, next_gen: int) -> bool:
+        keyset = "AND (o.namespace, o.name) > (?, ?) " if self._after else ""
+        rows = connection.execute(
+            "SELECT o.namespace, o.name, s.gen IS NULL, "
+            "CASE WHEN s.gen IS NULL THEN o.labels END, CASE WHEN s.gen IS NULL THEN o.raw END "
+            "FROM objects o LEFT JOIN staging s ON s.gen = ? AND s.namespace = o.namespace "
+            f"AND s.name = o.name WHERE o.gen = ? {keyset}"
+            "ORDER BY o.namespace, o.name LIMIT ?",
+            (next_gen, gen, *(self._after or ()), self.limit),
+        ).fetchall()
+        if not rows:
+            return True
+        now, seq = time.time(), _max_seq(connection, self.shape_id)
+        records = []
+        for namespace, name, vanished, labels, raw in rows:
+            if not vanished:
+                continue
+            seq += 1
+            records.append(
+                EventRecord(
+                    seq=seq,
+                    type=ChangeType.DELETED,
+                    rv=self.rv,
+                    batch=True,
+                    namespace=namespace,
+                    name=name,
+                    labels=bytes(labels),
+                    prev_labels=bytes(labels),
+                    prev_raw=None,
+                    raw=with_resource_version(bytes(raw), self.rv),
+                    at=now,
+                )
+            )
+        connection.executemany(_INSERT_EVENT, (_event_row(self.shape_id, r, now) for r in records))
+        # The unchanged rows of this page, copied inside SQLite (their bodies never leave it).
+        first = self._after or ("", "")
+        last = (rows[-1][0], rows[-1][1])
+        connection.execute(
+            "INSERT INTO objects (gen, namespace, name, uid, rv, labels, raw) "
+            "SELECT ?, o.namespace, o.name, o.uid, o.rv, o.labels, o.raw FROM objects o "
+            "JOIN staging s ON s.gen = ? AND s.namespace = o.namespace AND s.name = o.name "
+            "AND length(s.raw) = 0 WHERE o.gen = ? AND (o.namespace, o.name) > (?, ?) "
+            "AND (o.namespace, o.name) <= (?, ?)",
+            (next_gen, next_gen, gen, *first, *last),
+        )
+        self._after = last
+        return len(rows) < self.limit
+
+    def _publish(self, connection: sqlite3.Connection, gen: int, next_gen: int) -> Committed:
+        now = time.time()
+        published = _last_seq(connection, self.shape_id)
+        seq = _max_seq(connection, self.shape_id) + 1
+        connection.execute(
+            _INSERT_EVENT,
+            _event_row(self.shape_id, _bookmark(seq, self.rv, at=now, batch=True), now),
+        )
+        connection.execute(
+            "UPDATE shapes SET gen = ?, next_gen = NULL, rv = ?, last_seq = ?, kind = ?, "
+            "api_version = ?, listed_at = ? WHERE id = ?",
+            (next_gen, self.rv, seq, self.kind, self.api_version, now, self.shape_id),
+        )
+        _discard(connection, gen, "objects")
+        _discard(connection, next_gen, "staging")
+        after = max(published, seq - self.tail)
+        records = reading.events_after(
+            connection, shape_id=self.shape_id, after=after, limit=seq - after, last_seq=seq
+        )
+        return Committed(rv=self.rv, last_seq=seq, count=seq - published, records=tuple(records))
 
 
 def trim(connection: sqlite3.Connection, *, shape_id: int, max_events: int, max_age: float) -> int:

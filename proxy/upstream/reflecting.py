@@ -258,7 +258,7 @@ class Reflector:
             started = time.monotonic()
             self.lists += 1
             self.metrics.upstream_relists.labels(resource=self.resource).inc()
-            await self.store.discard_staging(self.shape)
+            await self.store.begin_list(self.shape)
             if self.watch_list:
                 try:
                     await self._watch_list(slot, started=started)
@@ -310,7 +310,7 @@ class Reflector:
                 else:
                     check_content_type(self.codec, response.content_type)
             if expired:
-                await self.store.discard_staging(self.shape)
+                await self.store.begin_list(self.shape)
                 continue_token, paginate = "", False
                 continue
             self.breaker.record_success()

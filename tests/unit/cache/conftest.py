@@ -15,8 +15,8 @@ def db() -> sqlite3.Connection:
     schema.migrate(connection)
     connection.execute(
         "INSERT INTO shapes (id, key, grp, version, resource, namespace, label_selector, "
-        "field_selector, configured, created_at, used_at) "
-        "VALUES (1, 'v1/configmaps', '', 'v1', 'configmaps', '', '', '', 1, 0, 0)"
+        "field_selector, configured, created_at, used_at, gen) "
+        "VALUES (1, 'v1/configmaps', '', 'v1', 'configmaps', '', '', '', 1, 0, 0, 1)"
     )
     connection.commit()
     return connection

@@ -102,7 +102,7 @@ def pages(
     read = reading.object_heads if heads else reading.object_rows
     found, after = [], None
     while True:
-        page = read(connection, shape_id=1, namespace=namespace, after=after, limit=limit)
+        page = read(connection, gen=1, namespace=namespace, after=after, limit=limit)
         if page:
             found.append([(row[0], row[1]) for row in page])
         if len(page) < limit:
@@ -116,7 +116,9 @@ def test_a_snapshot_pages_by_key(db: sqlite3.Connection) -> None:
     changes = [cm(f"o{i}", 10 + i, ns=ns) for i in range(3) for ns in ("b", "a", "c")]
     fill(db, changes, "50")
     head = reading.begin_snapshot(db, shape_id=1)
-    assert head == reading.SnapshotHead(rv="50", last_seq=1, kind="ConfigMap", api_version="v1")
+    assert head == reading.SnapshotHead(
+        rv="50", last_seq=1, kind="ConfigMap", api_version="v1", gen=1
+    )
     assert pages(db, namespace=None, limit=4) == [
         [("a", "o0"), ("a", "o1"), ("a", "o2"), ("b", "o0")],
         [("b", "o1"), ("b", "o2"), ("c", "o0"), ("c", "o1")],
@@ -130,8 +132,8 @@ def test_a_snapshot_pages_by_key(db: sqlite3.Connection) -> None:
 
 def test_heads_size_the_rows_they_stand_for(db: sqlite3.Connection) -> None:
     fill(db, [cm("x", 5, labels={"app": "y"}), cm("y", 6)], "10")
-    rows = reading.object_rows(db, shape_id=1, namespace=None, after=None, limit=10)
-    heads = reading.object_heads(db, shape_id=1, namespace=None, after=None, limit=10)
+    rows = reading.object_rows(db, gen=1, namespace=None, after=None, limit=10)
+    heads = reading.object_heads(db, gen=1, namespace=None, after=None, limit=10)
     assert [h[:3] for h in heads] == [r[:3] for r in rows]
     assert [(h[3], h[4]) for h in heads] == [
         (len(r[3]), bytes(r[3][: reading.HEAD_BYTES])) for r in rows
@@ -146,24 +148,24 @@ def test_a_snapshot_keeps_its_state_while_the_writer_commits(tmp_path: Path) -> 
     schema.migrate(writer)
     writer.execute(
         "INSERT INTO shapes (id, key, grp, version, resource, namespace, label_selector, "
-        "field_selector, configured, created_at, used_at) "
-        "VALUES (1, 'v1/configmaps', '', 'v1', 'configmaps', '', '', '', 1, 0, 0)"
+        "field_selector, configured, created_at, used_at, gen) "
+        "VALUES (1, 'v1/configmaps', '', 'v1', 'configmaps', '', '', '', 1, 0, 0, 1)"
     )
     writer.commit()
     fill(writer, [cm(f"o{i}", 10 + i) for i in range(4)], "20")
     reader = sqlite3.connect(path, isolation_level=None)
     head = reading.begin_snapshot(reader, shape_id=1)
     assert head is not None and head.rv == "20"
-    first = reading.object_rows(reader, shape_id=1, namespace=None, after=None, limit=2)
+    first = reading.object_rows(reader, gen=1, namespace=None, after=None, limit=2)
     writing.apply_changes(
         writer,
         shape_id=1,
         changes=[cm("o3", 30), replace(cm("o1", 31), type=ChangeType.DELETED), cm("n", 32)],
     )
-    rest = reading.object_rows(reader, shape_id=1, namespace=None, after=("a", "o1"), limit=10)
+    rest = reading.object_rows(reader, gen=1, namespace=None, after=("a", "o1"), limit=10)
     assert [(r[1]) for r in first + rest] == ["o0", "o1", "o2", "o3"]
     reading.end_snapshot(reader)
-    after = reading.object_rows(reader, shape_id=1, namespace=None, after=None, limit=10)
+    after = reading.object_rows(reader, gen=1, namespace=None, after=None, limit=10)
     assert [r[1] for r in after] == ["n", "o0", "o2", "o3"]
 
 

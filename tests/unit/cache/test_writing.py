@@ -8,7 +8,7 @@ from dataclasses import replace
 import orjson
 import pytest
 
-from proxy.cache import schema, writing
+from proxy.cache import reading, schema, writing
 from proxy.cache.records import Change, ChangeType, change_from_object
 
 
@@ -27,8 +27,14 @@ def cm(name: str, rv: int, *, labels: dict[str, str] | None = None, ns: str = "a
     return change_from_object(ChangeType.ADDED, obj)
 
 
-def objects(db: sqlite3.Connection) -> dict[str, str]:
-    return dict(db.execute("SELECT name, rv FROM objects WHERE shape_id = 1"))
+def objects(db: sqlite3.Connection, shape_id: int = 1) -> dict[str, str]:
+    """The objects readers see: the shape's current generation."""
+    return dict(
+        db.execute(
+            "SELECT name, rv FROM objects WHERE gen = (SELECT gen FROM shapes WHERE id = ?)",
+            (shape_id,),
+        )
+    )
 
 
 def events(db: sqlite3.Connection) -> list[tuple[int, str, str, str, int]]:
@@ -39,9 +45,37 @@ def shape(db: sqlite3.Connection) -> tuple[str, int, str]:
     return db.execute("SELECT rv, last_seq, log_start_rv FROM shapes WHERE id = 1").fetchone()
 
 
-def fill(db: sqlite3.Connection, changes: list[Change], rv: str) -> writing.Committed:
-    writing.stage(db, shape_id=1, objects=changes)
-    return writing.finish_list(db, shape_id=1, rv=rv, kind="ConfigMap", api_version="v1")
+def fill(
+    db: sqlite3.Connection, changes: list[Change], rv: str, *, shape_id: int = 1, limit: int = 0
+) -> writing.Committed:
+    """A whole list, as the store runs it: begin, stage, then finish (a first fill at once, a
+    relist step by step, ``limit`` rows a step)."""
+    writing.begin_list(db, shape_id=shape_id)
+    writing.stage(db, shape_id=shape_id, objects=changes)
+    return finish(db, rv, shape_id=shape_id, limit=limit)
+
+
+def finish(
+    db: sqlite3.Connection, rv: str, *, shape_id: int = 1, limit: int = 0
+) -> writing.Committed:
+    filled = db.execute("SELECT rv FROM shapes WHERE id = ?", (shape_id,)).fetchone()[0]
+    if filled is None:
+        return writing.finish_fill(db, shape_id=shape_id, rv=rv, kind="ConfigMap", api_version="v1")
+    relist = writing.Relist(
+        shape_id=shape_id, rv=rv, kind="ConfigMap", api_version="v1", limit=limit or writing.CHUNK
+    )
+    while (committed := relist.step(db)) is None:
+        pass
+    return committed
+
+
+def garbage(db: sqlite3.Connection) -> list[tuple[int, str]]:
+    return list(db.execute("SELECT gen, tbl FROM garbage ORDER BY gen, tbl"))
+
+
+def collect(db: sqlite3.Connection) -> None:
+    while writing.collect_garbage(db, limit=2):
+        pass
 
 
 def test_first_list_becomes_state_and_starts_the_log(db: sqlite3.Connection) -> None:
@@ -54,19 +88,85 @@ def test_first_list_becomes_state_and_starts_the_log(db: sqlite3.Connection) -> 
 
 
 def test_a_first_fill_is_invisible_until_finished(db: sqlite3.Connection) -> None:
+    writing.begin_list(db, shape_id=1)
     writing.stage(db, shape_id=1, objects=[cm("x", 5)])
     assert shape(db)[0] is None  # readers serve nothing without an RV
-    writing.discard_staging(db, shape_id=1)  # a retried fill starts from nothing
+    writing.begin_list(db, shape_id=1)  # a retried fill starts from nothing
     assert objects(db) == {}
+    assert garbage(db) == [(1, "objects")]
+    collect(db)
+    assert db.execute("SELECT count(*) FROM objects").fetchone()[0] == 0
+    assert garbage(db) == []
 
 
-def test_relist_rows_are_invisible_until_finished(db: sqlite3.Connection) -> None:
-    fill(db, [cm("x", 5)], "10")
-    writing.stage(db, shape_id=1, objects=[cm("y", 12)])
-    assert objects(db) == {"x": "5"}
-    writing.discard_staging(db, shape_id=1)
-    assert objects(db) == {"x": "5"}
+def test_relist_rows_are_invisible_until_published(db: sqlite3.Connection) -> None:
+    fill(db, [cm("x", 5), cm("y", 6)], "10")
+    writing.begin_list(db, shape_id=1)
+    writing.stage(db, shape_id=1, objects=[cm("y", 12), cm("z", 13)])
+    relist = writing.Relist(shape_id=1, rv="20", kind="ConfigMap", api_version="v1", limit=1)
+    assert relist.step(db) is None  # one change: its event past last_seq, its row in next_gen
+    assert objects(db) == {"x": "5", "y": "6"}
+    assert shape(db) == ("10", 1, "10")
+    assert reading.events_after(db, shape_id=1, after=1, limit=10, last_seq=1) == []
+    writing.begin_list(db, shape_id=1)  # given up (a retry): nothing of it stays
+    assert [e[0] for e in events(db)] == [1]
+    assert objects(db) == {"x": "5", "y": "6"}
+    collect(db)
     assert db.execute("SELECT count(*) FROM staging").fetchone()[0] == 0
+    assert db.execute("SELECT count(*) FROM objects").fetchone()[0] == 2
+
+
+def test_a_relist_is_published_at_once_after_bounded_steps(db: sqlite3.Connection) -> None:
+    """Readers see the old state until the last step, then the new one; every step but the
+    last leaves the published shape untouched."""
+    fill(db, [cm(f"o{i}", 1 + i) for i in range(7)], "10")
+    writing.begin_list(db, shape_id=1)
+    listed = [cm(f"o{i}", 1 + i) for i in range(0, 7, 2)] + [cm("o1", 30), cm("n", 31)]
+    writing.stage(db, shape_id=1, objects=listed)
+    relist = writing.Relist(shape_id=1, rv="40", kind="ConfigMap", api_version="v1", limit=2)
+    steps = 0
+    while (committed := relist.step(db)) is None:
+        steps += 1
+        assert objects(db) == {f"o{i}": str(1 + i) for i in range(7)}
+        assert shape(db) == ("10", 1, "10")
+    assert steps == 2 + 4  # changes: a full page, an empty one; the rest: 7 old rows / 2
+    assert objects(db) == {"o0": "1", "o1": "30", "o2": "3", "o4": "5", "o6": "7", "n": "31"}
+    assert [e[1:4] for e in events(db)][1:] == [
+        ("MODIFIED", "30", "o1"),
+        ("ADDED", "31", "n"),
+        ("DELETED", "40", "o3"),
+        ("DELETED", "40", "o5"),
+        ("BOOKMARK", "40", ""),
+    ]
+    assert committed.count == 5 and committed.last_seq == 6
+    assert [r.seq for r in committed.records] == [2, 3, 4, 5, 6]
+    assert garbage(db) == [(1, "objects"), (2, "staging")]
+    collect(db)
+    assert db.execute("SELECT count(*) FROM objects").fetchone()[0] == 6
+    assert db.execute("SELECT count(*) FROM staging").fetchone()[0] == 0
+
+
+def test_a_dropped_shape_leaves_garbage_only(db: sqlite3.Connection) -> None:
+    fill(db, [cm("x", 5)], "10")
+    writing.begin_list(db, shape_id=1)
+    writing.stage(db, shape_id=1, objects=[cm("y", 6)])
+    writing.discard_shape(db, shape_id=1)
+    assert garbage(db) == [(1, "objects"), (2, "objects"), (2, "staging")]
+    collect(db)
+    for table in ("objects", "staging", "events", "shapes"):
+        assert db.execute(f"SELECT count(*) FROM {table}").fetchone()[0] == 0
+
+
+def test_lists_left_unfinished_by_a_crash_are_given_up_at_start(db: sqlite3.Connection) -> None:
+    fill(db, [cm("x", 5)], "10")
+    writing.begin_list(db, shape_id=1)
+    writing.stage(db, shape_id=1, objects=[cm("y", 6)])
+    writing.Relist(shape_id=1, rv="20", kind="ConfigMap", api_version="v1").step(db)
+    writing.abandon_lists(db)
+    assert db.execute("SELECT gen, next_gen FROM shapes").fetchall() == [(1, None)]
+    assert [e[0] for e in events(db)] == [1]
+    assert garbage(db) == [(2, "objects"), (2, "staging")]
+    assert writing.new_generation(db) == 3  # never a number rows still carry
 
 
 def test_changes_update_objects_events_and_rv_together(db: sqlite3.Connection) -> None:
@@ -144,12 +244,13 @@ def test_foreign_database_is_refused() -> None:
 def test_a_relist_stages_unchanged_objects_as_keys_only(db: sqlite3.Connection) -> None:
     fill(db, [cm("same", 5), cm("changed", 6), cm("recreated", 7)], "10")
     recreated = replace(cm("recreated", 7), uid="uid-new")  # same RV, another object
+    writing.begin_list(db, shape_id=1)
     writing.stage(db, shape_id=1, objects=[cm("same", 5), cm("changed", 20), recreated])
     staged = {
         name: len(raw) for name, raw in db.execute("SELECT name, raw FROM staging ORDER BY name")
     }
     assert staged["same"] == 0 and staged["changed"] > 0 and staged["recreated"] > 0
-    writing.finish_list(db, shape_id=1, rv="40", kind="ConfigMap", api_version="v1")
+    finish(db, "40")
     assert objects(db) == {"same": "5", "changed": "20", "recreated": "7"}
     same = db.execute("SELECT raw FROM objects WHERE name = 'same'").fetchone()[0]
     assert orjson.loads(same)["metadata"]["name"] == "same"  # the held body, untouched
@@ -187,9 +288,20 @@ def test_a_protobuf_relist_stamps_deletes_in_protobuf(db: sqlite3.Connection) ->
     assert (meta.name, meta.resource_version) == ("gone", "20")
 
 
+def version_2(connection: sqlite3.Connection) -> None:
+    """Turn a new database back into schema version 2 (no generations)."""
+    connection.execute("ALTER TABLE shapes DROP COLUMN gen")
+    connection.execute("ALTER TABLE shapes DROP COLUMN next_gen")
+    connection.execute("ALTER TABLE objects RENAME COLUMN gen TO shape_id")
+    connection.execute("ALTER TABLE staging RENAME COLUMN gen TO shape_id")
+    connection.execute("DROP TABLE garbage")
+    connection.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+
+
 def test_a_version_1_database_is_migrated_in_place() -> None:
     connection = sqlite3.connect(":memory:")
     schema.migrate(connection)
+    version_2(connection)
     connection.execute("ALTER TABLE shapes DROP COLUMN encoding")
     connection.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
     connection.execute(
@@ -199,8 +311,30 @@ def test_a_version_1_database_is_migrated_in_place() -> None:
     )
     connection.commit()
     schema.migrate(connection)
-    assert connection.execute("SELECT encoding FROM shapes").fetchall() == [("json",)]
-    assert connection.execute("SELECT value FROM meta").fetchone() == ("2",)
+    assert connection.execute("SELECT encoding, gen FROM shapes").fetchall() == [("json", 1)]
+    assert connection.execute("SELECT value FROM meta").fetchone() == ("3",)
+
+
+def test_a_version_2_database_keeps_its_objects_as_their_first_generation() -> None:
+    connection = sqlite3.connect(":memory:")
+    schema.migrate(connection)
+    connection.execute(
+        "INSERT INTO shapes (id, key, grp, version, resource, namespace, label_selector, "
+        "field_selector, configured, created_at, used_at, gen) "
+        "VALUES (7, 'v1/configmaps', '', 'v1', 'configmaps', '', '', '', 1, 0, 0, 7)"
+    )
+    connection.commit()
+    fill(connection, [cm("x", 5)], "10", shape_id=7)
+    version_2(connection)
+    connection.execute(
+        "INSERT INTO staging VALUES (7, 'a', 'left-over', 'u', '9', 9, x'7b7d', x'7b7d')"
+    )
+    connection.commit()
+    schema.migrate(connection)
+    assert connection.execute("SELECT gen, next_gen FROM shapes").fetchall() == [(7, None)]
+    assert connection.execute("SELECT gen, name FROM objects").fetchall() == [(7, "x")]
+    assert connection.execute("SELECT count(*) FROM staging").fetchone() == (0,)
+    assert connection.execute("SELECT value FROM meta").fetchone() == ("3",)
 
 
 def test_maintenance_queries_use_an_index(db: sqlite3.Connection) -> None:
@@ -213,7 +347,7 @@ def test_maintenance_queries_use_an_index(db: sqlite3.Connection) -> None:
     aged = next(s for s in statements if "at <" in s)
     plans = {
         "events_by_time": aged,
-        "objects_by_shape": "SELECT shape_id, count(*) FROM objects GROUP BY shape_id",
+        "objects_by_shape": "SELECT count(*) FROM objects WHERE gen = 1",
     }
     for index, query in plans.items():
         plan = " ".join(row[-1] for row in db.execute(f"EXPLAIN QUERY PLAN {query}"))
