@@ -8,8 +8,9 @@ offline window). Answers, as the apiserver's:
 
 - token not accepted: 401 ``Unauthorized``;
 - not allowed: 403 with the apiserver's message (``User "u" cannot list resource ...``);
-- the apiserver cannot be reached and nothing was decided within the offline window:
-  503 with ``Retry-After: 1`` (client-go retries, informers back off and relist);
+- the apiserver cannot be reached (or answers reviews with 429 / 5xx) and nothing was
+  decided within the offline window: 503 with ``Retry-After: 1`` (client-go retries,
+  informers back off and relist);
 - a review refused or malformed (warmwatch lacks ``tokenreviews/create`` or
   ``subjectaccessreviews/create``, say): 500, as the apiserver answers when its authorizer
   fails.
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from proxy.kube.status import StatusError
 from proxy.metrics import Metrics
 from proxy.upstream.connecting import Upstream
-from proxy.upstream.errors import UpstreamError, UpstreamUnavailable
+from proxy.upstream.errors import UpstreamError, UpstreamStatusError, UpstreamUnavailable
 from proxy.upstream.remembering import Decisions, digest
 from proxy.upstream.resilience import CircuitBreaker
 from proxy.upstream.reviewing import (
@@ -87,7 +88,7 @@ class Delegation:
             offline_window=settings.offline_window,
             max_entries=settings.max_entries,
             positive=lambda user: user is not None,
-            outage=(UpstreamUnavailable,),
+            outage=is_outage,
             clock=clock,
         )
         self.access: Decisions[AccessVerdict] = Decisions(
@@ -97,7 +98,7 @@ class Delegation:
             offline_window=settings.offline_window,
             max_entries=settings.max_entries,
             positive=lambda verdict: verdict.allowed,
-            outage=(UpstreamUnavailable,),
+            outage=is_outage,
             clock=clock,
         )
 
@@ -145,8 +146,17 @@ class Delegation:
         await self.access.close()
 
 
-def _failed(what: str, error: UpstreamError) -> StatusError:
+def is_outage(error: BaseException) -> bool:
+    """The apiserver cannot review now: unreachable (or the breaker open), or answering
+    429 / 5xx. Then decisions within the offline window hold; a refusal of the review itself
+    (403: warmwatch lacks the RBAC for reviews) is no outage."""
     if isinstance(error, UpstreamUnavailable):
+        return True
+    return isinstance(error, UpstreamStatusError) and (error.code == 429 or error.code >= 500)
+
+
+def _failed(what: str, error: UpstreamError) -> StatusError:
+    if is_outage(error):
         return StatusError.service_unavailable(
             f"warmwatch cannot {what}: {error}", retry_after_seconds=1
         )

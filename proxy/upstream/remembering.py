@@ -10,7 +10,7 @@ kube-rbac-proxy), so that warmwatch decides as the apiserver would, with the sam
 - concurrent lookups of the same key that find nothing fresh share one review (single
   flight): a controller starting twenty informers sends one TokenReview, not twenty;
 - a review that failed is never remembered: the next lookup asks again;
-- while the apiserver cannot be reached (the review raised one of ``outage``), a decision
+- while the apiserver cannot be reached (``outage(error)`` says so of the review's failure), a decision
   made within ``offline_window`` still holds, older or missing ones do not (the caller then
   denies). The window bounds how long a revocation can go unnoticed during an outage.
 
@@ -69,7 +69,7 @@ class Decisions(Generic[T]):
         offline_window: float,
         max_entries: int,
         positive: Callable[[T], bool],
-        outage: tuple[type[BaseException], ...],
+        outage: Callable[[BaseException], bool],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.name = name
@@ -128,7 +128,7 @@ class Decisions(Generic[T]):
 
     async def decide(self, key: bytes, review: Callable[[], Awaitable[T]]) -> T:
         """The fresh decision for ``key``, or ``review()``'s (shared with every concurrent
-        caller for the same key). A review that fails with an ``outage`` falls back to the
+        caller for the same key). A review that fails with an outage falls back to the
         decision held within the offline window; any other failure, or an outage with nothing
         held, is raised to every caller of that flight."""
         entry = self.fresh(key)
@@ -145,8 +145,8 @@ class Decisions(Generic[T]):
     async def _fly(self, key: bytes, review: Callable[[], Awaitable[T]]) -> T:
         try:
             value = await review()
-        except self._outage:
-            entry = self.held(key)
+        except Exception as error:
+            entry = self.held(key) if self._outage(error) else None
             if entry is None:
                 raise
             return entry.value

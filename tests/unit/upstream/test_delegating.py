@@ -41,6 +41,8 @@ class Reviews:
     def __init__(self) -> None:
         self.bodies: list[tuple[str, dict[str, Any]]] = []
         self.allowed: set[tuple[str, str, str]] = set()  # (user, verb, namespace)
+        self.fail_with = 0
+        """Answer every review with this code (429, 500, 403) when set."""
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -50,6 +52,10 @@ class Reviews:
         return app
 
     async def token(self, request: web.Request) -> web.Response:
+        if self.fail_with:
+            return web.json_response(
+                {"kind": "Status", "code": self.fail_with}, status=self.fail_with
+            )
         body = await request.json()
         self.bodies.append(("token", body))
         user = USERS.get(body["spec"]["token"])
@@ -209,3 +215,29 @@ async def test_token_file_identity_check(reviewing_upstream: Upstream) -> None:
         await check_same_identity(reviewing_upstream, "alice-token")
     with pytest.raises(IdentityMismatch, match="does not accept"):
         await check_same_identity(reviewing_upstream, "nobody")
+
+
+@pytest.mark.parametrize(("code", "held"), [(429, True), (500, True), (503, True), (403, False)])
+async def test_review_failures_are_outages_unless_refused(
+    reviews: Reviews, reviewing_upstream: Upstream, code: int, held: bool
+) -> None:
+    now = [0.0]
+    delegation = Delegation(
+        upstream=reviewing_upstream,
+        settings=DelegationSettings(),
+        metrics=Metrics(),
+        clock=lambda: now[0],
+    )
+    user = await delegation.authenticate("alice-token")
+    reviews.fail_with = code
+    now[0] = 20.0  # past the TTL, inside the offline window
+    if held:
+        assert await delegation.authenticate("alice-token") == user
+    else:  # warmwatch may not review (its RBAC): 500, as the apiserver's failing authorizer
+        with pytest.raises(StatusError) as failed:
+            await delegation.authenticate("alice-token")
+        assert failed.value.code == 500
+    with pytest.raises(StatusError) as never:
+        await delegation.authenticate("twin-token")
+    assert never.value.code == (503 if held else 500)
+    await delegation.close()

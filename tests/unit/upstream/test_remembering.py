@@ -35,7 +35,7 @@ def decisions(clock: Clock, **overrides: float) -> Decisions[bool]:
         offline_window=settings["offline_window"],
         max_entries=int(settings["max_entries"]),
         positive=lambda allowed: allowed,
-        outage=(UpstreamUnavailable,),
+        outage=lambda error: isinstance(error, UpstreamUnavailable),
         clock=clock,
     )
 
