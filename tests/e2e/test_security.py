@@ -10,6 +10,7 @@
 - ``--client-auth none``: a cross-origin WebSocket read is refused; exec is refused.
 - ``--client-auth token-file``: a token of another identity than warmwatch's refuses the
   start; a second token of warmwatch's own identity is accepted.
+- Beyond loopback: delegated over TLS, any Host name.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import pytest
 
 from loadtest import kubeapi
 from loadtest.cluster import ControlPlane
-from loadtest.sidecar import Sidecar
+from loadtest.sidecar import Sidecar, free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -370,3 +371,35 @@ async def test_token_file_of_another_identity_refuses_the_start(
                 assert anonymous.status == 401
     finally:
         sidecar.stop()
+
+
+async def test_delegated_over_tls_beyond_loopback(
+    plane: ControlPlane, stage: Stage, start_sidecar: Callable[..., Sidecar]
+) -> None:
+    """Listening on every address takes delegated and TLS; clients reach it by any host name
+    (no loopback Host check there) and get the apiserver's decisions."""
+    port = free_port()
+    start_sidecar(
+        extra=[
+            "--client-auth=delegated",
+            f"--listen=0.0.0.0:{port}",
+            f"--tls-cert-file={plane.pki.serving_cert}",
+            f"--tls-private-key-file={plane.pki.serving_key}",
+        ]
+    )
+    own = f"/api/v1/namespaces/{stage.own}/configmaps"
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=_ssl(plane))) as session:
+        for identity, expected in (("reader", 200), ("nothing", 403), ("wrong", 401)):
+            async with session.get(
+                f"https://127.0.0.1:{port}{own}",
+                headers={
+                    "Authorization": f"Bearer {stage.tokens[identity]}",
+                    "Host": f"kubernetes.default.svc:{port}",
+                },
+            ) as answer:
+                assert answer.status == expected, identity
+    # No plain HTTP on that listener.
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(aiohttp.ClientError):
+            async with session.get(f"http://127.0.0.1:{port}{own}") as plain:
+                await plain.read()
