@@ -94,9 +94,9 @@ DEFAULT_REJECT_PATHS = r"^/api/.*/pods/.*/exec,^/api/.*/pods/.*/attach,^/api/.*/
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RejectPaths:
-    """``--reject-paths``: comma-separated regular expressions, matched (``re.match``, as
-    Go's ``MatchString`` with a leading ``^``) against the decoded path with repeated
-    slashes collapsed — so ``//api/...`` or an escaped ``%65xec`` does not slip by."""
+    """``--reject-paths``: comma-separated regular expressions, searched (``re.search``, as
+    Go's ``MatchString``; anchor them with ``^``) in the decoded path with repeated slashes
+    collapsed — so ``//api/...`` or an escaped ``%65xec`` does not slip by."""
 
     patterns: tuple[re.Pattern[str], ...] = ()
 
@@ -164,6 +164,8 @@ class TokenFile:
         if self._verify is None or not token:
             return
         async with self._lock:
+            if token == self._checked:
+                return  # checked while this caller waited
             self._attempted = (token, self._clock())
             try:
                 await self._verify(token.decode())
