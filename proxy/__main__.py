@@ -14,11 +14,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from proxy.app import Settings, run
+from proxy.app import Settings, StartRefused, run
 from proxy.cache.store import StoreSettings
 from proxy.kube.resources import ResourceFlag
-from proxy.serve.authenticating import ClientAuth
+from proxy.serve.authenticating import DEFAULT_REJECT_PATHS, ClientAuth, RejectPaths
 from proxy.serve.context import ServeSettings
+from proxy.upstream.delegating import DelegationSettings
 from proxy.upstream.discovering import DiscoverySettings
 from proxy.upstream.reflecting import ReflectorSettings
 from proxy.upstream.syncing import SyncSettings
@@ -69,9 +70,39 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--client-auth",
         default=_env("client-auth", "none"),
-        help="token-file:PATH (clients must present that bearer token) or none "
-        "(loopback only; every caller acts as warmwatch)",
+        help="delegated (each client's token is reviewed by the apiserver and its cached "
+        "reads authorized per client; passthrough carries the client's own credentials), "
+        "token-file:PATH (clients must present that bearer token, which must be warmwatch's "
+        "own identity) or none (loopback only; every caller acts as warmwatch)",
     )
+    p.add_argument(
+        "--auth-cache-ttl",
+        type=float,
+        default=float(_env("auth-cache-ttl", "10") or 10),
+        help="delegated: seconds a TokenReview or SubjectAccessReview decision is reused, and "
+        "how often open cached watches are authorized again (the apiserver's 10 s)",
+    )
+    p.add_argument(
+        "--auth-offline-window",
+        type=float,
+        default=float(_env("auth-offline-window", "300") or 300),
+        help="delegated: while the apiserver is unreachable, decisions made within this many "
+        "seconds still hold; anything else is refused with 503",
+    )
+    p.add_argument(
+        "--reject-paths",
+        default=_env("reject-paths", DEFAULT_REJECT_PATHS),
+        help="none: comma-separated regular expressions of paths refused with 403 "
+        "(default: exec, attach, port-forward, as kubectl proxy; empty allows all)",
+    )
+    p.add_argument(
+        "--tls-cert-file",
+        type=Path,
+        default=_env("tls-cert-file"),
+        help="serve the API listener over TLS with this certificate (reloaded when it "
+        "changes); required beyond loopback, with --client-auth delegated",
+    )
+    p.add_argument("--tls-private-key-file", type=Path, default=_env("tls-private-key-file"))
     p.add_argument(
         "--sync-mode",
         choices=("NORMAL", "FULL"),
@@ -137,6 +168,15 @@ def settings_from(args: argparse.Namespace) -> Settings:
         db=Path(args.db),
         resources=resources,
         client_auth=ClientAuth.parse(args.client_auth),
+        delegation=DelegationSettings(
+            token_ttl=args.auth_cache_ttl,
+            allow_ttl=args.auth_cache_ttl,
+            deny_ttl=args.auth_cache_ttl,
+            offline_window=args.auth_offline_window,
+        ),
+        reject_paths=RejectPaths.parse(args.reject_paths),
+        tls_cert_file=Path(args.tls_cert_file) if args.tls_cert_file else None,
+        tls_key_file=Path(args.tls_private_key_file) if args.tls_private_key_file else None,
         store=StoreSettings(
             path=Path(args.db),
             synchronous=args.sync_mode,
@@ -165,9 +205,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        asyncio.run(run(settings))
+        runner = asyncio.run
     else:
-        uvloop.run(run(settings))
+        runner = uvloop.run
+    try:
+        runner(run(settings))
+    except StartRefused as error:
+        logging.getLogger("warmwatch").error("refusing to start: %s", error)
+        return 1
     return 0
 
 

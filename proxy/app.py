@@ -9,8 +9,11 @@ is already durable: every batch is its own transaction), close the database.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ipaddress
 import logging
 import signal
+import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,14 +26,24 @@ from proxy.cache.store import Store, StoreSettings
 from proxy.kube.resources import ResourceFlag
 from proxy.metrics import Metrics
 from proxy.serve import routing
-from proxy.serve.authenticating import ClientAuth
+from proxy.serve.authenticating import (
+    DEFAULT_REJECT_PATHS,
+    ClientAuth,
+    Guard,
+    RejectPaths,
+    TokenFile,
+)
 from proxy.serve.context import Context, ServeSettings
-from proxy.upstream.connecting import ConnectionSettings, connect
+from proxy.serve.securing import ServingCertificate
+from proxy.upstream.connecting import ConnectionSettings, Upstream, connect
+from proxy.upstream.delegating import Delegation, DelegationSettings
 from proxy.upstream.discovering import DiscoveryCopies, DiscoverySettings, keep_confirmed
+from proxy.upstream.errors import UpstreamError
 from proxy.upstream.forwarding import PassthroughSettings
 from proxy.upstream.passing import CachedDocument
 from proxy.upstream.reflecting import ReflectorSettings
 from proxy.upstream.resilience import CircuitBreaker, ListLimiter
+from proxy.upstream.reviewing import IdentityMismatch, check_same_identity
 from proxy.upstream.syncing import Syncer, SyncSettings
 
 logger = logging.getLogger("warmwatch")
@@ -45,6 +58,16 @@ class Settings:
     db: Path = Path("warmwatch.db")
     resources: tuple[ResourceFlag, ...] = ()
     client_auth: ClientAuth = field(default_factory=lambda: ClientAuth(mode="none"))
+    delegation: DelegationSettings = field(default_factory=DelegationSettings)
+    reject_paths: RejectPaths = field(
+        default_factory=lambda: RejectPaths.parse(DEFAULT_REJECT_PATHS)
+    )
+    """Refused in ``--client-auth none`` (kubectl proxy's default, and port-forward)."""
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    """Serve the API listener over TLS; required beyond loopback."""
+    tls_reload_interval: float = 10.0
+    """How often the serving certificate files are checked for a rotation."""
     store: StoreSettings | None = None
     sync: SyncSettings = field(default_factory=SyncSettings)
     reflector: ReflectorSettings = field(default_factory=ReflectorSettings)
@@ -55,6 +78,39 @@ class Settings:
 
     def store_settings(self) -> StoreSettings:
         return self.store or StoreSettings(path=self.db)
+
+
+class StartRefused(Exception):
+    """The settings, or the identities they name, do not allow a start (a clear message,
+    exit code 1)."""
+
+
+def is_loopback_address(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_listener(settings: Settings) -> None:
+    """Beyond loopback only ``delegated`` with TLS (docs/design.md §6)."""
+    mode = settings.client_auth.mode
+    if (settings.tls_cert_file is None) != (settings.tls_key_file is None):
+        raise StartRefused("--tls-cert-file and --tls-private-key-file go together")
+    if is_loopback_address(settings.listen[0]):
+        return
+    if mode != "delegated":
+        raise StartRefused(
+            f"--client-auth {mode} is only allowed on a loopback listener; listening on "
+            f"{settings.listen[0]} requires --client-auth delegated and TLS"
+        )
+    if settings.tls_cert_file is None:
+        raise StartRefused(
+            f"listening on {settings.listen[0]} requires TLS (--tls-cert-file and "
+            "--tls-private-key-file): clients send bearer tokens"
+        )
 
 
 class StoredDiscovery:
@@ -96,12 +152,21 @@ class App:
         self.syncer: Syncer | None = None
         self._integrity: asyncio.Task[bool] | None = None
         self._discovery: asyncio.Task[None] | None = None
+        self._tls_reload: asyncio.Task[None] | None = None
+        self.delegation: Delegation | None = None
+        self.certificate: ServingCertificate | None = None
 
     async def start(self) -> None:
         settings = self.settings
+        check_listener(settings)
+        if settings.tls_cert_file is not None and settings.tls_key_file is not None:
+            try:
+                self.certificate = ServingCertificate(
+                    cert_file=settings.tls_cert_file, key_file=settings.tls_key_file
+                )
+            except (OSError, ValueError) as error:  # ssl.SSLError is an OSError
+                raise StartRefused(f"cannot load the serving certificate: {error}") from error
         if settings.client_auth.mode == "none":
-            if settings.listen[0] not in ("127.0.0.1", "::1", "localhost"):
-                raise ValueError("--client-auth none is only allowed on a loopback listener")
             logger.warning(
                 "--client-auth none: every local caller acts with warmwatch's own "
                 "identity (like kubectl proxy); for development and tests only"
@@ -114,7 +179,15 @@ class App:
             metrics=self.metrics,
         )
         self.upstream = upstream
+        tokens = await self._client_tokens(upstream)
         breaker = CircuitBreaker(target="apiserver", metrics=self.metrics)
+        if settings.client_auth.mode == "delegated":
+            self.delegation = Delegation(
+                upstream=upstream,
+                settings=settings.delegation,
+                metrics=self.metrics,
+                breaker=breaker,
+            )
         self.syncer = syncer = Syncer(
             store=store,
             upstream=upstream,
@@ -133,19 +206,23 @@ class App:
             )
             for flag in settings.resources
         )
-        copies = DiscoveryCopies(settings=settings.discovery)
-        copies.remember(await store.document_keys())
         discovery = StoredDiscovery(store)
-        self._discovery = asyncio.create_task(
-            keep_confirmed(
-                copies,
-                upstream=upstream,
-                cache=discovery,
-                breaker=breaker,
-                settings=PassthroughSettings(),
-            ),
-            name="discovery copies",
-        )
+        copies = None
+        if settings.client_auth.mode != "delegated":
+            # Delegated: discovery goes to the apiserver with each client's own credentials,
+            # which decides who may read it; a copy would answer any caller.
+            copies = DiscoveryCopies(settings=settings.discovery)
+            copies.remember(await store.document_keys())
+            self._discovery = asyncio.create_task(
+                keep_confirmed(
+                    copies,
+                    upstream=upstream,
+                    cache=discovery,
+                    breaker=breaker,
+                    settings=PassthroughSettings(),
+                ),
+                name="discovery copies",
+            )
         ctx = Context(
             store=store,
             syncer=syncer,
@@ -159,8 +236,21 @@ class App:
             breaker=breaker,
             ready=self.ready,
             writes=RecentWrites(),
+            delegation=self.delegation,
         )
-        await self._serve(routing.api_app(ctx, auth=settings.client_auth), settings.listen)
+        guard = Guard(
+            loopback_listener=is_loopback_address(settings.listen[0]),
+            reject_paths=settings.reject_paths,
+        )
+        api = routing.api_app(ctx, auth=settings.client_auth, guard=guard, tokens=tokens)
+        certificate = self.certificate
+        await self._serve(
+            api, settings.listen, ssl_context=certificate.context if certificate else None
+        )
+        if certificate is not None:
+            self._tls_reload = asyncio.create_task(
+                self._reload_certificate(certificate), name="serving certificate reload"
+            )
         await self._serve(
             routing.health_app(metrics=self.metrics, ready=self.ready), settings.metrics_listen
         )
@@ -171,7 +261,40 @@ class App:
             len(store.shapes),
         )
 
-    async def _serve(self, app: web.Application, address: tuple[str, int]) -> None:
+    async def _client_tokens(self, upstream: Upstream) -> TokenFile | None:
+        """``token-file``: the file's token must be warmwatch's own identity — checked now
+        (a different one refuses the start; an apiserver that cannot be asked only delays
+        the check) and after each rotation (``TokenFile``)."""
+        path = self.settings.client_auth.token_file
+        if path is None:
+            return None
+
+        async def verify(token: str) -> None:
+            await check_same_identity(upstream, token)
+
+        tokens = TokenFile(path, verify=verify)
+        try:
+            await tokens.check()
+        except IdentityMismatch as error:
+            raise StartRefused(f"--client-auth token-file:{path}: {error}") from error
+        except UpstreamError as error:
+            logger.warning(
+                "cannot check the identity of %s yet (%s); checked again on use", path, error
+            )
+        return tokens
+
+    async def _reload_certificate(self, certificate: ServingCertificate) -> None:
+        while True:
+            await asyncio.sleep(self.settings.tls_reload_interval)
+            certificate.reload_if_changed()
+
+    async def _serve(
+        self,
+        app: web.Application,
+        address: tuple[str, int],
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
         runner = web.AppRunner(
             app,
             shutdown_timeout=self.settings.shutdown_timeout / 2,
@@ -179,7 +302,7 @@ class App:
             access_log=None,
         )
         await runner.setup()
-        await web.TCPSite(runner, address[0], address[1]).start()
+        await web.TCPSite(runner, address[0], address[1], ssl_context=ssl_context).start()
         self._runners.append(runner)
 
     def ready(self) -> tuple[bool, str]:
@@ -198,10 +321,12 @@ class App:
         for runner in reversed(self._runners):
             await runner.cleanup()
         self._runners.clear()
-        for task in (self._integrity, self._discovery):
+        for task in (self._integrity, self._tls_reload, self._discovery):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
+        if self.delegation is not None:
+            await self.delegation.close()
         if self.syncer is not None:
             await self.syncer.stop()
         if self.store is not None:
@@ -216,7 +341,12 @@ async def run(settings: Settings) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
-    await app.start()
+    try:
+        await app.start()
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await app.stop()
+        raise
     await stopping.wait()
     logger.info("shutting down")
     await asyncio.wait_for(app.stop(), settings.shutdown_timeout)

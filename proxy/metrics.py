@@ -204,6 +204,13 @@ class Metrics:
             ("verb", "code"),
             registry=r,
         )
+        self.client_auth_reviews: Final = Counter(
+            f"{PREFIX}client_auth_reviews",
+            "TokenReviews (kind=token) and SubjectAccessReviews (kind=access) sent for "
+            "clients in --client-auth delegated (decisions reused from the cache are not).",
+            ("kind",),
+            registry=r,
+        )
 
         self.discovery_answers: Final = Counter(
             f"{PREFIX}discovery_answers",

@@ -9,6 +9,7 @@ from proxy.cache.freshness import RecentWrites
 from proxy.cache.store import Store
 from proxy.metrics import Metrics
 from proxy.upstream.connecting import Credentials, Upstream
+from proxy.upstream.delegating import Delegation
 from proxy.upstream.passing import DiscoveryCache, DiscoveryCopies
 from proxy.upstream.resilience import CircuitBreaker
 from proxy.upstream.syncing import Syncer
@@ -55,3 +56,6 @@ class Context:
     """Writes passed through, for read your writes (``proxy.serve.freshness``)."""
     discovery_copies: DiscoveryCopies | None = None
     """Discovery documents that may be answered without asking the apiserver."""
+    delegation: Delegation | None = None
+    """``--client-auth delegated``: reads served from the cache are authorized per client
+    (``proxy.serve.authorizing``)."""

@@ -9,6 +9,10 @@ metadata-only, JSON or protobuf, as negotiated), as of the cache's resourceVersi
 An object the cache does not hold is still 503, never 404: "not found" from a cache that may
 be behind could make a controller act on an absence that is not real (the garbage collector
 remembers absent owners and would delete their dependents once writes work again).
+
+In ``--client-auth delegated`` the client must be allowed to ``get`` the object, decided by
+the decisions remembered within the offline window (``upstream.remembering``); a client
+without a bearer token, or one never decided, gets the 503.
 """
 
 from __future__ import annotations
@@ -20,11 +24,13 @@ from aiohttp import web
 from proxy.cache.shapes import Request
 from proxy.kube.resources import RequestPath
 from proxy.kube.selectors import FieldSelector, LabelSelector
+from proxy.serve import authorizing
 from proxy.serve.context import Context
 from proxy.serve.negotiating import Representation, negotiate
 from proxy.serve.rendering import Renderer
 from proxy.upstream.errors import UpstreamUnavailable
 from proxy.upstream.passing import Offline, unavailable
+from proxy.upstream.reviewing import AccessAttributes
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +40,17 @@ def offline_get(ctx: Context, path: RequestPath) -> Offline:
 
     async def respond(request: web.Request, error: UpstreamUnavailable) -> web.StreamResponse:
         assert path.name is not None
+        if ctx.delegation is not None:
+            attributes = AccessAttributes(
+                verb="get",
+                group=path.gvr.group,
+                version=path.gvr.version,
+                resource=path.gvr.resource,
+                namespace=path.namespace or "",
+                name=path.name,
+            )
+            if await authorizing.grant(request, ctx.delegation, attributes) is None:
+                return unavailable(error)
         accept = request.headers.get("Accept")
         protobuf_ok = path.gvr.may_have_protobuf and path.gvr not in ctx.syncer.without_protobuf
         for ok in (protobuf_ok, False) if protobuf_ok else (False,):

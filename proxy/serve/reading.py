@@ -22,7 +22,8 @@ from proxy.cache.shapes import Encoding, Request
 from proxy.kube.gocompat import parse_query
 from proxy.kube.options import ListOptions, ListSemanticsKind, list_semantics, watch_start
 from proxy.kube.resources import RequestPath
-from proxy.serve import freshness
+from proxy.serve import authorizing, freshness
+from proxy.serve.authorizing import Grant
 from proxy.serve.context import Context
 from proxy.serve.listing import serve_list
 from proxy.serve.negotiating import Representation, negotiate
@@ -38,9 +39,18 @@ logger = logging.getLogger(__name__)
 async def read_collection(
     request: web.Request, *, path: RequestPath, ctx: Context
 ) -> web.StreamResponse:
+    raw_query = request.raw_path.partition("?")[2]
+    grant: Grant | None = None
+    if ctx.delegation is not None:
+        # Authorization comes first, as in the apiserver's filters (a bad query of a client
+        # that may not read is 403, not 400).
+        attributes = authorizing.access_attributes(path, raw_query)
+        grant = await authorizing.grant(request, ctx.delegation, attributes)
+        if grant is None:
+            return await pass_through(request, ctx)  # the apiserver decides (see authorizing)
     # The query as the apiserver decodes it (Go's URL.Query()), not as aiohttp does: a
     # parameter with a bad escape is dropped rather than kept verbatim.
-    query = parse_query(request.raw_path.partition("?")[2])
+    query = parse_query(raw_query)
     options = ListOptions.parse(query, watch_path=path.is_watch_path)
     accept = request.headers.get("Accept")
     protobuf_ok = path.gvr.may_have_protobuf and path.gvr not in ctx.syncer.without_protobuf
@@ -116,6 +126,7 @@ async def read_collection(
             start=start,
             renderer=renderer,
             request=request,
+            grant=grant,
         )
         return await watch.serve()
     return await serve_list(

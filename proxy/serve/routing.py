@@ -83,9 +83,19 @@ async def handle(request: web.Request) -> web.StreamResponse:
     return await pass_through(request, ctx)
 
 
-def api_app(ctx: Context, *, auth: authenticating.ClientAuth) -> web.Application:
+def api_app(
+    ctx: Context,
+    *,
+    auth: authenticating.ClientAuth,
+    guard: authenticating.Guard | None = None,
+    tokens: authenticating.TokenFile | None = None,
+) -> web.Application:
     app = web.Application(
-        middlewares=[request_target, statuses, authenticating.middleware(auth)],
+        middlewares=[
+            request_target,
+            statuses,
+            authenticating.middleware(auth, guard=guard, tokens=tokens),
+        ],
         client_max_size=64 * 1024 * 1024,
     )
     app[CONTEXT] = ctx

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import random
 import time
 
@@ -24,6 +25,7 @@ from proxy.cache.records import ChangeType
 from proxy.cache.store import Shape
 from proxy.kube.options import ListOptions, WatchStart, WatchStartKind
 from proxy.kube.status import StatusError
+from proxy.serve.authorizing import Grant
 from proxy.serve.context import Context
 from proxy.serve.listing import wait_for_rv
 from proxy.serve.rendering import Renderer
@@ -45,6 +47,7 @@ class Watch:
         start: WatchStart,
         renderer: Renderer,
         request: web.Request,
+        grant: Grant | None = None,
     ) -> None:
         self.ctx = ctx
         self.shape = shape
@@ -53,6 +56,10 @@ class Watch:
         self.start = start
         self.renderer = renderer
         self.request = request
+        self.grant = grant
+        """``--client-auth delegated``: authorized again every allow-TTL; the stream ends
+        once it no longer holds (the client's relist then gets the 403)."""
+        self.revoked = False
         self.response = web.StreamResponse(
             status=200,
             headers={
@@ -93,7 +100,7 @@ class Watch:
         try:
             if await self._begin():
                 await self._follow()
-            if self.options.allow_watch_bookmarks and self.position_rv:
+            if self.options.allow_watch_bookmarks and self.position_rv and not self.revoked:
                 await self._bookmark()  # at the deadline: the client resumes from a fresh RV
             await self.response.write_eof()
         except StatusError as error:
@@ -168,13 +175,31 @@ class Watch:
         await self.shape.log.wait_beyond(seq, timeout=wait)
         return True
 
+    async def _still_allowed(self) -> bool:
+        """False (and the watch is marked revoked) once the client's grant no longer holds."""
+        if self.grant is not None and not await self.grant.holds():
+            logger.info(
+                "watch of %s by %s ended: access revoked",
+                self.shape.resource,
+                self.grant.user.username,
+            )
+            self.revoked = True
+        return not self.revoked
+
     async def _follow(self) -> None:
         settings = self.ctx.settings
         next_bookmark = time.monotonic() + settings.bookmark_interval
         resource = self.shape.resource
+        recheck = self.grant.delegation.settings.allow_ttl if self.grant is not None else math.inf
+        next_recheck = time.monotonic() + recheck
         while True:
-            if time.monotonic() >= self.deadline:
+            now = time.monotonic()
+            if now >= self.deadline:
                 return
+            if now >= next_recheck:
+                if not await self._still_allowed():
+                    return
+                next_recheck = time.monotonic() + recheck
             records = await self.ctx.store.read_events(
                 self.shape, after=self.cursor, limit=settings.event_batch
             )
@@ -201,5 +226,5 @@ class Watch:
                 next_bookmark = now + settings.bookmark_interval
             if self.request.transport is None or self.request.transport.is_closing():
                 return
-            wait = min(self.deadline, next_bookmark, now + settings.idle_check) - now
+            wait = min(self.deadline, next_bookmark, next_recheck, now + settings.idle_check) - now
             await self.shape.log.wait_beyond(self.cursor, timeout=max(wait, 0.0))

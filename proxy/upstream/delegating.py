@@ -1,0 +1,164 @@
+"""``--client-auth delegated``: the apiserver decides who a client is and what it may read
+from the cache (docs/design.md §6).
+
+A client's bearer token is authenticated with a TokenReview, and each cached read is
+authorized with a SubjectAccessReview for the identity the review returned, both through
+:class:`~proxy.upstream.remembering.Decisions` (TTLs, hashed keys, single flight, the
+offline window). Answers, as the apiserver's:
+
+- token not accepted: 401 ``Unauthorized``;
+- not allowed: 403 with the apiserver's message (``User "u" cannot list resource ...``);
+- the apiserver cannot be reached (or answers reviews with 429 / 5xx) and nothing was
+  decided within the offline window: 503 with ``Retry-After: 1`` (client-go retries,
+  informers back off and relist);
+- a review refused or malformed (warmwatch lacks ``tokenreviews/create`` or
+  ``subjectaccessreviews/create``, say): 500, as the apiserver answers when its authorizer
+  fails.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from proxy.kube.status import StatusError
+from proxy.metrics import Metrics
+from proxy.upstream.connecting import Upstream
+from proxy.upstream.errors import UpstreamError, UpstreamStatusError, UpstreamUnavailable
+from proxy.upstream.remembering import Decisions, digest
+from proxy.upstream.resilience import CircuitBreaker
+from proxy.upstream.reviewing import (
+    AccessAttributes,
+    AccessVerdict,
+    UserInfo,
+    review_access,
+    review_token,
+)
+
+__all__ = ["Delegation", "DelegationSettings"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DelegationSettings:
+    token_ttl: float = 10.0
+    """How long a TokenReview's answer (accepted or not) is reused: 10 s, the apiserver's
+    delegating authenticator's ``CacheTTL`` for both (kube-rbac-proxy keeps 2 min). A
+    deleted service account or revoked token stops working within this."""
+    allow_ttl: float = 10.0
+    """How long an allowed SubjectAccessReview is reused, and how often an open cached watch
+    is authorized again: 10 s, the apiserver's delegating authorizer's ``AllowCacheTTL``
+    (kube-rbac-proxy: 5 min). Revoked access ends within this."""
+    deny_ttl: float = 10.0
+    """How long a denial is reused: 10 s, the apiserver's ``DenyCacheTTL`` (kube-rbac-proxy:
+    30 s). A new grant takes effect within this."""
+    offline_window: float = 300.0
+    """While the apiserver cannot be reached, a decision made within this long still holds;
+    anything older or never decided is refused (503). Five minutes lets a controller that
+    restarts during a short outage read from the cache; the price is that a revocation
+    made during the outage goes unnoticed for at most this long (nothing new reaches the
+    cache meanwhile: it only serves what the identity could read when last asked)."""
+    max_entries: int = 10_000
+    """Decisions kept per kind at most (a flood of random tokens must not grow memory)."""
+
+
+class Delegation:
+    """Authenticates tokens and authorizes cached reads through the apiserver."""
+
+    def __init__(
+        self,
+        *,
+        upstream: Upstream,
+        settings: DelegationSettings,
+        metrics: Metrics,
+        breaker: CircuitBreaker | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.upstream = upstream
+        self.settings = settings
+        self.metrics = metrics
+        self.breaker = breaker
+        self.tokens: Decisions[UserInfo | None] = Decisions(
+            name="TokenReview",
+            positive_ttl=settings.token_ttl,
+            negative_ttl=settings.token_ttl,
+            offline_window=settings.offline_window,
+            max_entries=settings.max_entries,
+            positive=lambda user: user is not None,
+            outage=is_outage,
+            clock=clock,
+        )
+        self.access: Decisions[AccessVerdict] = Decisions(
+            name="SubjectAccessReview",
+            positive_ttl=settings.allow_ttl,
+            negative_ttl=settings.deny_ttl,
+            offline_window=settings.offline_window,
+            max_entries=settings.max_entries,
+            positive=lambda verdict: verdict.allowed,
+            outage=is_outage,
+            clock=clock,
+        )
+
+    async def authenticate(self, token: str) -> UserInfo:
+        """The token's identity; a StatusError (401, 503, 500) otherwise."""
+
+        async def review() -> UserInfo | None:
+            self.metrics.client_auth_reviews.labels(kind="token").inc()
+            return await review_token(self.upstream, token, breaker=self.breaker)
+
+        try:
+            user = await self.tokens.decide(digest(token), review)
+        except UpstreamError as error:
+            raise _failed("authenticate the client", error) from error
+        if user is None:
+            raise StatusError.unauthorized()
+        return user
+
+    async def authorize(self, user: UserInfo, attributes: AccessAttributes) -> None:
+        """Return when ``user`` may do ``attributes``; a StatusError (403, 503, 500)
+        otherwise."""
+
+        async def review() -> AccessVerdict:
+            self.metrics.client_auth_reviews.labels(kind="access").inc()
+            return await review_access(self.upstream, user, attributes, breaker=self.breaker)
+
+        key = digest(*user.key_parts(), "\x00", *attributes.key_parts())
+        try:
+            verdict = await self.access.decide(key, review)
+        except UpstreamError as error:
+            raise _failed("authorize the request", error) from error
+        if not verdict.allowed:
+            raise StatusError.forbidden_request(
+                user=user.username,
+                verb=attributes.verb,
+                group=attributes.group,
+                resource=attributes.resource,
+                namespace=attributes.namespace,
+                name=attributes.name,
+                reason=verdict.reason,
+            )
+
+    async def close(self) -> None:
+        await self.tokens.close()
+        await self.access.close()
+
+
+def is_outage(error: BaseException) -> bool:
+    """The apiserver cannot review now: unreachable (or the breaker open), or answering
+    429 / 5xx. Then decisions within the offline window hold; a refusal of the review itself
+    (403: warmwatch lacks the RBAC for reviews) is no outage."""
+    if isinstance(error, UpstreamUnavailable):
+        return True
+    return isinstance(error, UpstreamStatusError) and (error.code == 429 or error.code >= 500)
+
+
+def _failed(what: str, error: UpstreamError) -> StatusError:
+    if is_outage(error):
+        return StatusError.service_unavailable(
+            f"warmwatch cannot {what}: {error}", retry_after_seconds=1
+        )
+    logger.error("Cannot %s: %s", what, error)
+    return StatusError.internal_error(f"warmwatch cannot {what}: {error}")

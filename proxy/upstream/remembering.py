@@ -1,0 +1,162 @@
+"""Review decisions remembered for a while (docs/design.md §6): the cache in front of
+TokenReviews and SubjectAccessReviews in ``--client-auth delegated``.
+
+The rules are those of the apiserver's delegating authenticator and authorizer (and of
+kube-rbac-proxy), so that warmwatch decides as the apiserver would, with the same staleness:
+
+- a decision is reused for its TTL after the review that made it: one TTL for positive
+  decisions (authenticated, allowed), one for negative ones (not authenticated, denied);
+- keys are SHA-256 digests: a bearer token is never kept, only its hash;
+- concurrent lookups of the same key that find nothing fresh share one review (single
+  flight): a controller starting twenty informers sends one TokenReview, not twenty;
+- a review that failed is never remembered: the next lookup asks again;
+- while the apiserver cannot be reached (``outage(error)`` says so of the review's failure), a decision
+  made within ``offline_window`` still holds, older or missing ones do not (the caller then
+  denies). The window bounds how long a revocation can go unnoticed during an outage.
+
+Everything but the single flight is synchronous and takes the time from ``clock``, so the
+rules are tested without an event loop's timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+__all__ = ["Decisions", "Remembered", "digest"]
+
+T = TypeVar("T")
+
+
+def digest(*parts: str | bytes) -> bytes:
+    """The SHA-256 of ``parts``, each length-prefixed (so ``("ab", "c")`` and ``("a", "bc")``
+    differ): the only form in which a key is kept."""
+    hashed = hashlib.sha256()
+    for part in parts:
+        data = part.encode() if isinstance(part, str) else part
+        hashed.update(len(data).to_bytes(8, "big"))
+        hashed.update(data)
+    return hashed.digest()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Remembered(Generic[T]):
+    value: T
+    positive: bool
+    decided_at: float
+    """``clock()`` when the review that made this decision answered."""
+
+
+class Decisions(Generic[T]):
+    """Decisions of one kind of review, by key digest.
+
+    ``positive(value)`` tells a positive decision from a negative one (they have different
+    TTLs). At most ``max_entries`` are kept; the least recently decided go first.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        positive_ttl: float,
+        negative_ttl: float,
+        offline_window: float,
+        max_entries: int,
+        positive: Callable[[T], bool],
+        outage: Callable[[BaseException], bool],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.name = name
+        self.positive_ttl = positive_ttl
+        self.negative_ttl = negative_ttl
+        self.offline_window = offline_window
+        self.max_entries = max_entries
+        self._positive = positive
+        self._outage = outage
+        self._clock = clock
+        self._entries: OrderedDict[bytes, Remembered[T]] = OrderedDict()
+        self._flights: dict[bytes, asyncio.Task[T]] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    # -- the synchronous rules ----------------------------------------------------------------
+
+    def fresh(self, key: bytes) -> Remembered[T] | None:
+        """The decision for ``key`` if it is still within its TTL."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        ttl = self.positive_ttl if entry.positive else self.negative_ttl
+        if self._clock() - entry.decided_at < ttl:
+            return entry
+        return None
+
+    def held(self, key: bytes) -> Remembered[T] | None:
+        """The decision for ``key`` if it was made within the offline window (for when the
+        apiserver cannot be asked)."""
+        entry = self._entries.get(key)
+        if entry is None or self._clock() - entry.decided_at >= self.offline_window:
+            return None
+        return entry
+
+    def remember(self, key: bytes, value: T) -> Remembered[T]:
+        entry = Remembered(value=value, positive=self._positive(value), decided_at=self._clock())
+        self._entries[key] = entry
+        self._entries.move_to_end(key)
+        self._prune()
+        return entry
+
+    def _prune(self) -> None:
+        """Drop what can no longer be used (past both its TTL and the offline window), then
+        the oldest beyond ``max_entries``. Entries are in decision order, oldest first."""
+        keep = max(self.positive_ttl, self.negative_ttl, self.offline_window)
+        now = self._clock()
+        while self._entries:
+            oldest = next(iter(self._entries.values()))
+            if now - oldest.decided_at < keep and len(self._entries) <= self.max_entries:
+                break
+            self._entries.popitem(last=False)
+
+    # -- asking -------------------------------------------------------------------------------
+
+    async def decide(self, key: bytes, review: Callable[[], Awaitable[T]]) -> T:
+        """The fresh decision for ``key``, or ``review()``'s (shared with every concurrent
+        caller for the same key). A review that fails with an outage falls back to the
+        decision held within the offline window; any other failure, or an outage with nothing
+        held, is raised to every caller of that flight."""
+        entry = self.fresh(key)
+        if entry is not None:
+            return entry.value
+        flight = self._flights.get(key)
+        if flight is None:
+            flight = asyncio.create_task(self._fly(key, review), name=f"{self.name} review")
+            self._flights[key] = flight
+            flight.add_done_callback(lambda _: self._flights.pop(key, None))
+        # Shielded: a caller that goes away does not cancel the others' review.
+        return await asyncio.shield(flight)
+
+    async def _fly(self, key: bytes, review: Callable[[], Awaitable[T]]) -> T:
+        try:
+            value = await review()
+        except Exception as error:
+            entry = self.held(key) if self._outage(error) else None
+            if entry is None:
+                raise
+            return entry.value
+        return self.remember(key, value).value
+
+    async def close(self) -> None:
+        """Cancel the reviews in flight and wait for them (shutdown)."""
+        flights = list(self._flights.values())
+        for flight in flights:
+            flight.cancel()
+        for flight in flights:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await flight

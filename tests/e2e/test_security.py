@@ -1,0 +1,405 @@
+"""Security, against the real apiserver (docs/design.md §6).
+
+- ``--client-auth delegated``: an RBAC matrix of service-account identities (no grants,
+  list/watch in one namespace, get only, cluster-wide list/watch), anonymous and a wrong
+  token, times requests (list/watch in the own namespace, another one, cluster-wide, with a
+  label selector, get, secrets, a write): every answer through warmwatch has the status code
+  the apiserver gives directly, from a cold cache and from a warm one (the shapes filled by
+  another identity). Revocation: a deleted RoleBinding denies the next list within the
+  TTL and ends the identity's open cached watch.
+- ``--client-auth none``: a cross-origin WebSocket read is refused; exec is refused.
+- ``--client-auth token-file``: a token of another identity than warmwatch's refuses the
+  start; a second token of warmwatch's own identity is accepted.
+- Beyond loopback: delegated over TLS, any Host name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from loadtest import kubeapi
+from loadtest.cluster import ControlPlane
+from loadtest.sidecar import Sidecar, free_port
+
+pytestmark = pytest.mark.e2e
+
+TTL = 2.0
+"""The decision cache TTL the delegated sidecars run with (the default is 10 s)."""
+
+
+def _ssl(plane: ControlPlane) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=str(plane.pki.ca_cert))
+
+
+async def _token(admin: kubeapi.RawClient, namespace: str, account: str) -> str:
+    answer = await admin.create(
+        f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token",
+        {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"expirationSeconds": 3600},
+        },
+    )
+    return str(answer["status"]["token"])
+
+
+def _rule(*verbs: str, resource: str = "configmaps") -> dict[str, Any]:
+    return {"apiGroups": [""], "resources": [resource], "verbs": list(verbs)}
+
+
+@dataclass
+class Stage:
+    own: str
+    other: str
+    tokens: dict[str, str | None]
+    """Identity name -> bearer token (None: anonymous)."""
+    cleanup: list[str]
+    """Cluster-scoped paths to delete at the end."""
+
+
+@pytest.fixture
+async def stage(admin_api: kubeapi.RawClient, namespace: str) -> AsyncIterator[Stage]:
+    own, other = namespace, f"{namespace}-other"
+    await kubeapi.ensure_namespace(admin_api, other)
+    suffix = uuid.uuid4().hex[:8]
+    for ns in (own, other):
+        for i in range(3):
+            await admin_api.create(
+                f"/api/v1/namespaces/{ns}/configmaps",
+                kubeapi.configmap(name=f"cm-{i}", namespace=ns, labels={"app": "x" if i else "y"}),
+            )
+    await admin_api.create(
+        f"/api/v1/namespaces/{own}/secrets",
+        {"metadata": {"name": "s"}, "stringData": {"password": "hunter2"}},
+    )
+    accounts = ["nothing", "reader", "getter", "cluster-reader", "filler"]
+    for account in accounts:
+        await admin_api.create(
+            f"/api/v1/namespaces/{own}/serviceaccounts", {"metadata": {"name": account}}
+        )
+    rbac = "/apis/rbac.authorization.k8s.io/v1"
+    roles = {"reader": [_rule("list", "watch")], "getter": [_rule("get")]}
+    for account, rules in roles.items():
+        await admin_api.create(
+            f"{rbac}/namespaces/{own}/roles", {"metadata": {"name": account}, "rules": rules}
+        )
+        await admin_api.create(
+            f"{rbac}/namespaces/{own}/rolebindings",
+            {
+                "metadata": {"name": account},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "Role",
+                    "name": account,
+                },
+                "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": own}],
+            },
+        )
+    cluster_role = f"warmwatch-e2e-read-{suffix}"
+    await admin_api.create(
+        f"{rbac}/clusterroles",
+        {"metadata": {"name": cluster_role}, "rules": [_rule("list", "watch")]},
+    )
+    cleanup = [f"{rbac}/clusterroles/{cluster_role}"]
+    for account, role in (("cluster-reader", cluster_role), ("filler", "cluster-admin")):
+        binding = f"warmwatch-e2e-{account}-{suffix}"
+        await admin_api.create(
+            f"{rbac}/clusterrolebindings",
+            {
+                "metadata": {"name": binding},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": role,
+                },
+                "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": own}],
+            },
+        )
+        cleanup.append(f"{rbac}/clusterrolebindings/{binding}")
+    tokens: dict[str, str | None] = {
+        account: await _token(admin_api, own, account) for account in accounts
+    }
+    tokens["anonymous"] = None
+    tokens["wrong"] = "not-a-token"
+    yield Stage(own=own, other=other, tokens=tokens, cleanup=cleanup)
+    for path in cleanup:
+        await admin_api.delete(path)
+
+
+def requests_for(stage: Stage) -> dict[str, tuple[str, str]]:
+    own, other = stage.own, stage.other
+    return {
+        "list own": ("GET", f"/api/v1/namespaces/{own}/configmaps"),
+        "list other": ("GET", f"/api/v1/namespaces/{other}/configmaps"),
+        "list cluster": ("GET", "/api/v1/configmaps"),
+        "list labels": ("GET", f"/api/v1/namespaces/{own}/configmaps?labelSelector=app%3Dx"),
+        "list labels cluster": ("GET", "/api/v1/configmaps?labelSelector=app%3Dx"),
+        "watch own": ("GET", f"/api/v1/namespaces/{own}/configmaps?watch=1&timeoutSeconds=1"),
+        "watch other": (
+            "GET",
+            f"/api/v1/namespaces/{other}/configmaps?watch=1&timeoutSeconds=1",
+        ),
+        "watch cluster": ("GET", "/api/v1/configmaps?watch=1&timeoutSeconds=1"),
+        "get": ("GET", f"/api/v1/namespaces/{own}/configmaps/cm-1"),
+        "secrets": ("GET", f"/api/v1/namespaces/{own}/secrets"),
+        "write": ("POST", f"/api/v1/namespaces/{own}/configmaps?dryRun=All"),
+    }
+
+
+async def _status(
+    session: aiohttp.ClientSession, base: str, method: str, path: str, token: str | None
+) -> int:
+    headers = {"Accept": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    body = None
+    if method == "POST":
+        body = b'{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"written"}}'
+        headers["Content-Type"] = "application/json"
+    async with session.request(method, base + path, headers=headers, data=body) as answer:
+        if "watch=1" not in path:
+            await answer.read()
+        return answer.status
+
+
+Table = dict[tuple[str, str], int]
+
+
+async def _matrix(session: aiohttp.ClientSession, base: str, stage: Stage) -> Table:
+    table: Table = {}
+    # Refused identities first: a cold shape is then first asked for by one that may not read.
+    for identity in ("nothing", "anonymous", "wrong", "getter", "reader", "cluster-reader"):
+        for name, (method, path) in requests_for(stage).items():
+            table[identity, name] = await _status(
+                session, base, method, path, stage.tokens[identity]
+            )
+    return table
+
+
+def _differences(direct: Table, through: Table) -> tuple[list[str], list[str], list[str]]:
+    escalations, false_denials, other = [], [], []
+    for key, code in direct.items():
+        got = through[key]
+        if got == code:
+            continue
+        text = f"{key}: apiserver {code}, warmwatch {got}"
+        if code >= 400 and got < 400:
+            escalations.append(text)
+        elif code < 400 and got >= 400:
+            false_denials.append(text)
+        else:
+            other.append(text)
+    return escalations, false_denials, other
+
+
+def _delegated(start_sidecar: Callable[..., Sidecar]) -> Sidecar:
+    return start_sidecar(extra=["--client-auth=delegated", f"--auth-cache-ttl={TTL}"])
+
+
+async def test_delegated_answers_match_the_apiserver_cold_and_warm(
+    plane: ControlPlane, stage: Stage, start_sidecar: Callable[..., Sidecar]
+) -> None:
+    sidecar = _delegated(start_sidecar)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=_ssl(plane))) as session:
+        direct = await _matrix(session, plane.server, stage)
+        # The matrix means something: each kind of answer occurs.
+        assert direct["reader", "list own"] == 200
+        assert direct["reader", "list other"] == 403
+        assert direct["cluster-reader", "list cluster"] == 200
+        assert direct["getter", "get"] == 200 and direct["getter", "list own"] == 403
+        assert direct["anonymous", "list own"] == 403
+        assert direct["wrong", "list own"] == 401
+        assert direct["reader", "write"] == 403
+
+        cold = await _matrix(session, sidecar.url, stage)
+        assert _differences(direct, cold) == ([], [], []), "cold cache"
+
+        # Warm: every shape filled by another identity, which may read everything.
+        for method, path in requests_for(stage).values():
+            if method == "GET":
+                await _status(session, sidecar.url, method, path, stage.tokens["filler"])
+        served_from_cache = sidecar.metric(
+            "warmwatch_list_bytes_total", {"resource": "v1/configmaps", "source": "cache"}
+        )
+        warm = await _matrix(session, sidecar.url, stage)
+        assert _differences(direct, warm) == ([], [], []), "warm cache"
+        assert (
+            sidecar.metric(
+                "warmwatch_list_bytes_total", {"resource": "v1/configmaps", "source": "cache"}
+            )
+            > served_from_cache
+        ), "the warm pass was not answered from the cache"
+        assert sidecar.metric("warmwatch_client_auth_reviews_total", {"kind": "access"}) > 0
+
+
+async def test_revoked_access_denies_lists_and_ends_watches_within_the_ttl(
+    plane: ControlPlane,
+    stage: Stage,
+    admin_api: kubeapi.RawClient,
+    start_sidecar: Callable[..., Sidecar],
+) -> None:
+    sidecar = _delegated(start_sidecar)
+    token = stage.tokens["reader"]
+    headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
+    collection = f"{sidecar.url}/api/v1/namespaces/{stage.own}/configmaps"
+    async with aiohttp.ClientSession(headers=headers) as session:
+        async with session.get(collection) as listed:
+            assert listed.status == 200
+            rv = (await listed.json())["metadata"]["resourceVersion"]
+        async with session.get(collection, params={"watch": "1", "resourceVersion": rv}) as watch:
+            assert watch.status == 200
+            await admin_api.delete(
+                f"/apis/rbac.authorization.k8s.io/v1/namespaces/{stage.own}/rolebindings/reader"
+            )
+            revoked = time.monotonic()
+            # The next list is refused within the TTL (plus the apiserver's own RBAC update).
+            while True:
+                async with session.get(collection) as again:
+                    if again.status == 403:
+                        body = await again.json()
+                        break
+                    assert again.status == 200
+                assert time.monotonic() - revoked < TTL + 3, "list still allowed"
+                await asyncio.sleep(0.1)
+            assert body["reason"] == "Forbidden"
+            assert "cannot list resource" in body["message"]
+            # The open watch ends: at the next re-check, at most two TTLs on.
+            await asyncio.wait_for(watch.content.read(), timeout=2 * TTL + 5)
+            assert watch.content.at_eof()
+            ended = time.monotonic() - revoked
+        # The watch's resume is refused too, as directly.
+        async with session.get(collection, params={"watch": "1", "resourceVersion": rv}) as retry:
+            assert retry.status == 403
+    assert ended < 2 * TTL + 5
+
+
+async def test_cross_origin_websocket_read_is_refused_in_none_mode(
+    admin_api: kubeapi.RawClient, namespace: str, start_sidecar: Callable[..., Sidecar]
+) -> None:
+    await admin_api.create(
+        f"/api/v1/namespaces/{namespace}/secrets",
+        {"metadata": {"name": "s"}, "stringData": {"password": "hunter2"}},
+    )
+    sidecar = start_sidecar()  # --client-auth none
+    path = f"/api/v1/watch/namespaces/{namespace}/secrets/s"
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await session.ws_connect(
+                sidecar.url.replace("http", "ws") + path,
+                headers={"Origin": "http://evil.example"},
+            )
+        assert refused.value.status == 403
+        # The same handshake from a loopback origin reaches the apiserver and reads (the
+        # apiserver's WebSocket watch wants some Origin: golang.org/x/net/websocket).
+        ws = await session.ws_connect(
+            sidecar.url.replace("http", "ws") + path, headers={"Origin": sidecar.url}
+        )
+        try:
+            message = await asyncio.wait_for(ws.receive(), timeout=30)
+            assert b"ADDED" in (
+                message.data if isinstance(message.data, bytes) else message.data.encode()
+            )
+        finally:
+            await ws.close()
+        # exec is refused by default, as kubectl proxy does.
+        async with session.post(
+            f"{sidecar.url}/api/v1/namespaces/{namespace}/pods/p/exec?command=id"
+        ) as exec_answer:
+            assert exec_answer.status == 403
+            assert "--reject-paths" in (await exec_answer.json())["message"]
+
+
+def _token_kubeconfig(path: Path, *, plane: ControlPlane, token: str) -> Path:
+    path.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        f"clusters:\n- name: c\n  cluster:\n    server: {plane.server}\n"
+        f"    certificate-authority: {plane.pki.ca_cert}\n"
+        f"users:\n- name: u\n  user:\n    token: {token}\n"
+        "contexts:\n- name: c\n  context:\n    cluster: c\n    user: u\n"
+        "current-context: c\n"
+    )
+    return path
+
+
+async def test_token_file_of_another_identity_refuses_the_start(
+    plane: ControlPlane,
+    admin_api: kubeapi.RawClient,
+    namespace: str,
+    tmp_path: Path,
+    start_sidecar: Callable[..., Sidecar],
+) -> None:
+    for account in ("someone", "warmwatch"):
+        await admin_api.create(
+            f"/api/v1/namespaces/{namespace}/serviceaccounts", {"metadata": {"name": account}}
+        )
+    other = tmp_path / "someone.token"
+    other.write_text(await _token(admin_api, namespace, "someone"))
+    # Upstream: the admin certificate. The token file: a service account. Refused.
+    with pytest.raises(RuntimeError, match="refusing to start") as refused:
+        start_sidecar(extra=[f"--client-auth=token-file:{other}"])
+    assert "someone" in str(refused.value)
+
+    # Upstream and token file: two tokens of one service account. Accepted.
+    own = tmp_path / "own.token"
+    own.write_text(await _token(admin_api, namespace, "warmwatch"))
+    kubeconfig = _token_kubeconfig(
+        tmp_path / "upstream.kubeconfig",
+        plane=plane,
+        token=await _token(admin_api, namespace, "warmwatch"),
+    )
+    sidecar = Sidecar.start(
+        upstream_kubeconfig=kubeconfig,
+        db=tmp_path / "own.db",
+        extra=[f"--client-auth=token-file:{own}"],
+    )
+    try:
+        async with aiohttp.ClientSession() as session:
+            bearer = {"Authorization": f"Bearer {own.read_text()}"}
+            async with session.get(f"{sidecar.url}/version", headers=bearer) as version:
+                assert version.status == 200
+            async with session.get(f"{sidecar.url}/version") as anonymous:
+                assert anonymous.status == 401
+    finally:
+        sidecar.stop()
+
+
+async def test_delegated_over_tls_beyond_loopback(
+    plane: ControlPlane, stage: Stage, start_sidecar: Callable[..., Sidecar]
+) -> None:
+    """Listening on every address takes delegated and TLS; clients reach it by any host name
+    (no loopback Host check there) and get the apiserver's decisions."""
+    port = free_port()
+    start_sidecar(
+        extra=[
+            "--client-auth=delegated",
+            f"--listen=0.0.0.0:{port}",
+            f"--tls-cert-file={plane.pki.serving_cert}",
+            f"--tls-private-key-file={plane.pki.serving_key}",
+        ]
+    )
+    own = f"/api/v1/namespaces/{stage.own}/configmaps"
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=_ssl(plane))) as session:
+        for identity, expected in (("reader", 200), ("nothing", 403), ("wrong", 401)):
+            async with session.get(
+                f"https://127.0.0.1:{port}{own}",
+                headers={
+                    "Authorization": f"Bearer {stage.tokens[identity]}",
+                    "Host": f"kubernetes.default.svc:{port}",
+                },
+            ) as answer:
+                assert answer.status == expected, identity
+    # No plain HTTP on that listener.
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(aiohttp.ClientError):
+            async with session.get(f"http://127.0.0.1:{port}{own}") as plain:
+                await plain.read()

@@ -1,0 +1,200 @@
+"""The review decision cache: TTLs, hashed keys, single flight, errors not kept, the offline
+window — on a fake clock."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+
+import pytest
+
+from proxy.upstream.errors import UpstreamStatusError, UpstreamUnavailable
+from proxy.upstream.remembering import Decisions, digest
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def decisions(clock: Clock, **overrides: float) -> Decisions[bool]:
+    settings: dict[str, float] = {
+        "positive_ttl": 10.0,
+        "negative_ttl": 3.0,
+        "offline_window": 60.0,
+        "max_entries": 100,
+    }
+    settings.update(overrides)
+    return Decisions(
+        name="test",
+        positive_ttl=settings["positive_ttl"],
+        negative_ttl=settings["negative_ttl"],
+        offline_window=settings["offline_window"],
+        max_entries=int(settings["max_entries"]),
+        positive=lambda allowed: allowed,
+        outage=lambda error: isinstance(error, UpstreamUnavailable),
+        clock=clock,
+    )
+
+
+class Reviewer:
+    """Counts reviews; answers ``answer`` or raises ``error``."""
+
+    def __init__(self, answer: bool = True) -> None:
+        self.answer = answer
+        self.error: Exception | None = None
+        self.calls = 0
+        self.gate: asyncio.Event | None = None
+
+    async def __call__(self) -> bool:
+        self.calls += 1
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.error is not None:
+            raise self.error
+        return self.answer
+
+
+def test_keys_are_length_prefixed_sha256_digests() -> None:
+    assert len(digest("token")) == 32
+    assert digest("token") == digest(b"token")
+    assert digest("ab", "c") != digest("a", "bc")
+    # SHA-256 over the length-prefixed parts: the token itself is never kept.
+    expected = hashlib.sha256((5).to_bytes(8, "big") + b"token").digest()
+    assert digest("token") == expected
+
+
+async def test_positive_decisions_are_reused_for_their_ttl() -> None:
+    clock = Clock()
+    cache, review = decisions(clock), Reviewer(True)
+    key = digest("secret-token")
+    assert await cache.decide(key, review) is True
+    clock.now += 9.9
+    assert await cache.decide(key, review) is True
+    assert review.calls == 1
+    clock.now += 0.2  # past the 10 s allow TTL
+    assert await cache.decide(key, review) is True
+    assert review.calls == 2
+
+
+async def test_negative_decisions_have_their_own_ttl() -> None:
+    clock = Clock()
+    cache, review = decisions(clock), Reviewer(False)
+    key = digest("k")
+    assert await cache.decide(key, review) is False
+    clock.now += 2.9
+    assert await cache.decide(key, review) is False
+    assert review.calls == 1
+    clock.now += 0.2  # past the 3 s deny TTL
+    review.answer = True  # a new grant shows once the denial expired
+    assert await cache.decide(key, review) is True
+    assert review.calls == 2
+
+
+async def test_concurrent_lookups_share_one_review() -> None:
+    cache, review = decisions(Clock()), Reviewer(True)
+    review.gate = asyncio.Event()
+    key = digest("same")
+    waiters = [asyncio.create_task(cache.decide(key, review)) for _ in range(20)]
+    await asyncio.sleep(0)
+    other = asyncio.create_task(cache.decide(digest("other"), review))
+    await asyncio.sleep(0.01)
+    review.gate.set()
+    assert await asyncio.gather(*waiters) == [True] * 20
+    assert await other is True
+    assert review.calls == 2  # one per key
+
+
+async def test_a_cancelled_caller_does_not_cancel_the_shared_review() -> None:
+    cache, review = decisions(Clock()), Reviewer(True)
+    review.gate = asyncio.Event()
+    key = digest("k")
+    first = asyncio.create_task(cache.decide(key, review))
+    second = asyncio.create_task(cache.decide(key, review))
+    await asyncio.sleep(0.01)
+    first.cancel()
+    review.gate.set()
+    assert await second is True
+    assert review.calls == 1
+
+
+async def test_failed_reviews_are_not_remembered() -> None:
+    clock = Clock()
+    cache, review = decisions(clock), Reviewer(True)
+    review.error = UpstreamStatusError(code=500, reason="InternalError", message="x", status={})
+    key = digest("k")
+    with pytest.raises(UpstreamStatusError):
+        await cache.decide(key, review)
+    assert len(cache) == 0
+    review.error = None
+    assert await cache.decide(key, review) is True  # asked again at once
+    assert review.calls == 2
+
+
+async def test_every_waiter_of_a_failed_flight_gets_the_error() -> None:
+    cache, review = decisions(Clock()), Reviewer(True)
+    review.gate = asyncio.Event()
+    review.error = UpstreamUnavailable("down")
+    key = digest("k")
+    waiters = [asyncio.create_task(cache.decide(key, review)) for _ in range(3)]
+    await asyncio.sleep(0.01)
+    review.gate.set()
+    results = await asyncio.gather(*waiters, return_exceptions=True)
+    assert all(isinstance(r, UpstreamUnavailable) for r in results)
+    assert review.calls == 1
+
+
+async def test_offline_window_holds_recent_decisions_only() -> None:
+    clock = Clock()
+    cache, review = decisions(clock), Reviewer(True)
+    allowed, denied, never = digest("allowed"), digest("denied"), digest("never")
+    assert await cache.decide(allowed, review) is True
+    review.answer = False
+    assert await cache.decide(denied, review) is False
+
+    review.error = UpstreamUnavailable("apiserver unreachable")
+    clock.now += 30  # TTLs over, inside the 60 s window
+    assert await cache.decide(allowed, review) is True
+    assert await cache.decide(denied, review) is False  # a denial holds too
+    with pytest.raises(UpstreamUnavailable):
+        await cache.decide(never, review)  # nothing decided: refused
+
+    clock.now += 31  # beyond the window
+    with pytest.raises(UpstreamUnavailable):
+        await cache.decide(allowed, review)
+
+
+async def test_the_window_applies_to_outages_only() -> None:
+    clock = Clock()
+    cache, review = decisions(clock), Reviewer(True)
+    key = digest("k")
+    await cache.decide(key, review)
+    clock.now += 20
+    review.error = UpstreamStatusError(code=403, reason="Forbidden", message="x", status={})
+    with pytest.raises(UpstreamStatusError):
+        await cache.decide(key, review)
+
+
+async def test_entries_are_bounded_and_expired_ones_dropped() -> None:
+    clock = Clock()
+    cache, review = decisions(clock, max_entries=3), Reviewer(True)
+    for n in range(5):
+        await cache.decide(digest(str(n)), review)
+    assert len(cache) == 3
+    assert cache.fresh(digest("0")) is None and cache.fresh(digest("4")) is not None
+    clock.now += 61  # past every TTL and the window
+    await cache.decide(digest("new"), review)
+    assert len(cache) == 1
+
+
+async def test_close_cancels_reviews_in_flight() -> None:
+    cache, review = decisions(Clock()), Reviewer(True)
+    review.gate = asyncio.Event()
+    waiter = asyncio.create_task(cache.decide(digest("k"), review))
+    await asyncio.sleep(0.01)
+    await cache.close()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
