@@ -1,5 +1,8 @@
 """``warmwatch`` / ``python -m proxy``: the command line (docs/design.md §7).
 
+``warmwatch verify`` and ``warmwatch inspect`` are the operator's commands
+(``proxy/operating.py``); any other command line runs the proxy.
+
 Every flag can also be set by the environment variable ``WARMWATCH_<FLAG>`` (upper case,
 dashes as underscores); ``WARMWATCH_RESOURCE`` takes a comma-separated list.
 """
@@ -14,6 +17,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from proxy import operating
 from proxy.app import Settings, run
 from proxy.cache.store import StoreSettings
 from proxy.kube.resources import ResourceFlag
@@ -144,7 +148,10 @@ def settings_from(args: argparse.Namespace) -> Settings:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments and arguments[0] in operating.COMMANDS:
+        return operating.main(arguments)
+    args = parser().parse_args(arguments)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
