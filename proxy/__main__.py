@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from proxy import operating
+from proxy import logs, operating
 from proxy.app import Settings, run
 from proxy.cache.store import StoreSettings
 from proxy.kube.resources import ResourceFlag
@@ -115,6 +114,12 @@ def parser() -> argparse.ArgumentParser:
         help="learned collections at most; requests for more pass through",
     )
     p.add_argument("--log-level", default=_env("log-level", "INFO"))
+    p.add_argument(
+        "--log-format",
+        choices=logs.FORMATS,
+        default=_env("log-format", "text"),
+        help="text (default) or json: one JSON object per line",
+    )
     p.set_defaults(env_resources=env_resources)
     return p
 
@@ -152,10 +157,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if arguments and arguments[0] in operating.COMMANDS:
         return operating.main(arguments)
     args = parser().parse_args(arguments)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
     try:
+        logs.configure(level=args.log_level, log_format=args.log_format)
         settings = settings_from(args)
     except ValueError as error:
         print(f"warmwatch: {error}", file=sys.stderr)
