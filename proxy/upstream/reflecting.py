@@ -407,6 +407,7 @@ class Reflector:
             appended,
             extra={
                 "resource": self.resource,
+                "shape": self.shape.key.identity,
                 "resourceVersion": rv,
                 "objects": self._fill_log.objects,
                 "appended": appended,
