@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 DEMO_DIR ?= /tmp/warmwatch-demo
 
-.PHONY: test lint unit e2e demo demo-down binaries clean
+.PHONY: test lint unit e2e demo demo-down binaries clean lock
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,17 @@ demo: binaries
 
 demo-down: $(VENV)/.installed
 	$(PY) -m loadtest.cluster down --dir $(DEMO_DIR)
+
+# requirements.lock: the runtime dependencies resolved from pyproject.toml in a clean venv,
+# pinned for the Dockerfile.
+LOCK_VENV := /tmp/warmwatch-lock-venv
+lock:
+	rm -rf $(LOCK_VENV) && $(PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/pip install --quiet .
+	{ sed -n '1,3p' requirements.lock; $(LOCK_VENV)/bin/pip freeze --exclude warmwatch \
+	  | sed 's/^uvloop==\(.*\)$$/uvloop==\1 ; sys_platform != "win32"/'; } > requirements.lock.new
+	mv requirements.lock.new requirements.lock
+	rm -rf $(LOCK_VENV)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

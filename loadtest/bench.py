@@ -120,7 +120,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from loadtest import controllers, goclient, kubeapi, toxiproxy
+from loadtest import charting, controllers, goclient, kubeapi, toxiproxy
 from loadtest.cluster import ControlPlane
 from loadtest.sidecar import Sidecar
 
@@ -657,6 +657,8 @@ def clients_main(args: argparse.Namespace) -> int:
             plane.down()
             shutil.rmtree(directory / "cp", ignore_errors=True)
     text = "\n".join(bench.table(sizes=sizes, runs=args.runs, kb=args.kb))
+    if args.chart:
+        charting.draw(args.chart, synced=bench.samples, title="Time to synced per client kind")
     print(f"\n{text}")
     if args.out:
         args.out.write_text(text + "\n")
@@ -1513,6 +1515,7 @@ def main(argv: list[str] | None = None) -> int:
     clients.add_argument("--link-jitter-ms", type=int, default=0, help="each direction")
     clients.add_argument("--link-kb", type=int, default=5000, help="KB/s each direction")
     parser.add_argument("--out", type=Path, help="also write the table to this file")
+    parser.add_argument("--chart", type=Path, help="also draw the results as a PNG chart here")
     million = parser.add_argument_group("--million: the million-object bar")
     million.add_argument("--million", action="store_true", help="run this benchmark instead")
     million.add_argument(
@@ -1586,6 +1589,8 @@ def main(argv: list[str] | None = None) -> int:
             plane.down()
             shutil.rmtree(args.dir / "cp", ignore_errors=True)
 
+    if args.chart:
+        charting.draw_rows(args.chart, rows)
     print(
         f"\nConfigMaps of {args.kb} KiB; LIST rates are the best of 3 full LISTs read by one "
         "client; informer = client-go shared informer sync (LIST+WATCH)\n"

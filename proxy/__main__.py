@@ -1,5 +1,8 @@
 """``warmwatch`` / ``python -m proxy``: the command line (docs/design.md §7).
 
+``warmwatch verify`` and ``warmwatch inspect`` are the operator's commands
+(``proxy/operating.py``); any other command line runs the proxy.
+
 Every flag can also be set by the environment variable ``WARMWATCH_<FLAG>`` (upper case,
 dashes as underscores); ``WARMWATCH_RESOURCE`` takes a comma-separated list.
 """
@@ -14,6 +17,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from proxy import logs, operating
 from proxy.app import Settings, StartRefused, run
 from proxy.cache.store import StoreSettings
 from proxy.kube.resources import ResourceFlag
@@ -150,6 +154,12 @@ def parser() -> argparse.ArgumentParser:
         "this many seconds (kept confirmed in the background); 0: always ask the apiserver",
     )
     p.add_argument("--log-level", default=_env("log-level", "INFO"))
+    p.add_argument(
+        "--log-format",
+        choices=logs.FORMATS,
+        default=_env("log-format", "text"),
+        help="text (default) or json: one JSON object per line",
+    )
     p.set_defaults(env_resources=env_resources)
     return p
 
@@ -193,11 +203,12 @@ def settings_from(args: argparse.Namespace) -> Settings:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments and arguments[0] in operating.COMMANDS:
+        return operating.main(arguments)
+    args = parser().parse_args(arguments)
     try:
+        logs.configure(level=args.log_level, log_format=args.log_format)
         settings = settings_from(args)
     except ValueError as error:
         print(f"warmwatch: {error}", file=sys.stderr)

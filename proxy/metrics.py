@@ -237,13 +237,15 @@ class Metrics:
         )
         self.list_bytes: Final = Counter(
             f"{PREFIX}list_bytes",
-            "Bytes of LIST responses, by where the list came from (cache or upstream).",
+            "Bytes of LIST responses, by source: cache (answered from the cache) or passthrough "
+            "(passed to the apiserver; bytes as it sent them, possibly compressed).",
             ("resource", "source"),
             registry=r,
         )
         self.list_duration: Final = Histogram(
             f"{PREFIX}list_duration_seconds",
-            "Time to answer a LIST, by where it came from (cache or upstream).",
+            "Time to answer a LIST, by source: cache, passthrough, or upstream-list / "
+            "upstream-watchlist (a shape's fill or relist).",
             ("resource", "source"),
             buckets=_DURATION_BUCKETS,
             registry=r,

@@ -203,6 +203,23 @@ def _migrate_2_to_3(connection: sqlite3.Connection) -> None:
         connection.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
 
 
+def check_version(connection: sqlite3.Connection) -> None:
+    """Refuse a file this build cannot read, without changing it (read-only tools: ``warmwatch
+    inspect`` and ``verify``; :func:`migrate` is the writer's way, and migrates version 1)."""
+    tables = {
+        row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type='table'")
+    }
+    if "meta" not in tables:
+        raise SchemaError(f"not a warmwatch database (tables: {sorted(tables)})")
+    row = connection.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    if row is None or row[0] != str(SCHEMA_VERSION):
+        found = row[0] if row else "none"
+        raise SchemaError(
+            f"schema version {found}; this build reads {SCHEMA_VERSION} "
+            "(a warmwatch of this build migrates older files when it starts)"
+        )
+
+
 def integrity_problem(connection: sqlite3.Connection) -> str | None:
     """``PRAGMA quick_check``: None when the file is sound, else what is wrong.
 

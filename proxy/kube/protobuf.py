@@ -172,6 +172,8 @@ def status_fields(raw: bytes | memoryview) -> tuple[int, str, str]:
 class ListMeta:
     resource_version: str
     continue_token: str
+    remaining_item_count: int | None = None
+    """Set on a page of a paginated list: how many items the following pages hold."""
 
 
 def list_parts(raw: bytes | memoryview) -> tuple[ListMeta, list[memoryview]]:
@@ -187,7 +189,18 @@ def list_parts(raw: bytes | memoryview) -> tuple[ListMeta, list[memoryview]]:
             meta = value
         elif number == 2:
             items.append(value)
-    return ListMeta(resource_version=_text(meta, 2), continue_token=_text(meta, 3)), items
+    remaining = None
+    if meta is not None:
+        for number, wire, value in fields(meta):
+            if number == 4 and wire == 0:
+                assert isinstance(value, int)
+                remaining = value
+    list_meta = ListMeta(
+        resource_version=_text(meta, 2),
+        continue_token=_text(meta, 3),
+        remaining_item_count=remaining,
+    )
+    return list_meta, items
 
 
 def watch_event(message: bytes | memoryview) -> tuple[str, memoryview]:

@@ -60,6 +60,8 @@ class Page:
     """The items' kind (the list's kind without ``List``)."""
     api_version: str
     changes: list[Change]
+    remaining: int | None = None
+    """Items in the following pages, when the apiserver says (``remainingItemCount``)."""
 
 
 class Codec(Protocol):
@@ -160,7 +162,12 @@ class _Json:
                 change_from_object(ChangeType.ADDED, _typed(item, kind, api_version))
                 for item in decoded.get("items") or []
             ],
+            remaining=_count(metadata.get("remainingItemCount")),
         )
+
+
+def _count(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 # -------------------------------------------------------------------------------- protobuf
@@ -236,6 +243,7 @@ class _Protobuf:
             kind=envelope.kind.removesuffix("List"),
             api_version=envelope.api_version,
             changes=[change_from_protobuf(ChangeType.ADDED, bytes(item)) for item in items],
+            remaining=meta.remaining_item_count,
         )
 
 

@@ -34,7 +34,7 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import AsyncIterator, Coroutine, Iterable
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -226,12 +226,13 @@ async def forward(
     settings: PassthroughSettings,
     headers: CIMultiDict[str] | None = None,
     collector: Collector | None = None,
+    counted: Callable[[int], None] | None = None,
 ) -> web.StreamResponse:
     """Forward and stream the answer back.
 
     Raises :class:`UpstreamUnavailable` only while nothing has been sent to the client yet;
     later failures abort the client connection. With ``collector``, a 2xx answer's headers
-    and body are also kept there.
+    and body are also kept there; ``counted`` is told the size of every body chunk sent.
     """
     check_reachable(breaker)
     verb = request.method.upper()
@@ -267,7 +268,7 @@ async def forward(
                 await response.prepare(request)
             except ConnectionError as error:
                 raise _ClientGone(str(error)) from error
-            pump = _pump(upstream_response, response, collector)
+            pump = _pump(upstream_response, response, collector, counted)
             if long_running:
                 await _until_client_leaves(request, pump, settings=settings)
             else:
@@ -293,9 +294,12 @@ async def _pump(
     source: aiohttp.ClientResponse,
     sink: web.StreamResponse,
     collector: Collector | None,
+    counted: Callable[[int], None] | None,
 ) -> None:
     """Copy the body as it arrives: every chunk is written to the client at once."""
     async for chunk in source.content.iter_any():
+        if counted is not None:
+            counted(len(chunk))
         try:
             await sink.write(chunk)
         except ConnectionError as error:

@@ -17,12 +17,14 @@ documents are cached so a controller can start while the apiserver is unreachabl
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Final, TypeAlias
 
 from aiohttp import web
 from multidict import CIMultiDict
 
+from proxy.kube.resources import RequestPath
 from proxy.kube.status import StatusError
 from proxy.upstream.connecting import Credentials, Upstream
 from proxy.upstream.discovering import (
@@ -157,6 +159,8 @@ async def _dispatch(
             settings=settings,
             copies=copies,
         )
+    started = time.monotonic()
+    listed = _listed_resource(request) if verb == "GET" else None
     collector = None
     if observe is not None and verb in _WRITE_METHODS:
         collector = Collector(limit=settings.write_body_max)
@@ -168,6 +172,11 @@ async def _dispatch(
             breaker=breaker,
             settings=settings,
             collector=collector,
+            counted=(
+                upstream.metrics.list_bytes.labels(resource=listed, source="passthrough").inc
+                if listed is not None
+                else None
+            ),
         )
     except UpstreamUnavailable as error:
         count(upstream, verb, "error")
@@ -177,9 +186,24 @@ async def _dispatch(
     wrote = verb in _WRITE_METHODS and 200 <= response.status < 300
     if copies is not None and wrote and changes_discovery(request.path):
         copies.api_changed()
+    if listed is not None:  # beside the cache's own LISTs: the dashboard compares the two
+        upstream.metrics.list_duration.labels(resource=listed, source="passthrough").observe(
+            time.monotonic() - started
+        )
     if observe is not None and collector is not None and collector.complete:
         try:
             observe(request, CIMultiDict(collector.headers), collector.body)
         except Exception:  # the client has its answer; an observer must not change it
             logger.exception("Observing %s %s failed", verb, request.path)
     return response
+
+
+def _listed_resource(request: web.Request) -> str | None:
+    """The ``resource`` label of a passed-through LIST (a GET of a collection, not a watch),
+    else None."""
+    path = RequestPath.parse(request.path)
+    if path is None or path.name is not None or path.watch_prefix:
+        return None
+    if request.query.get("watch", "").lower() in ("1", "true"):
+        return None
+    return str(path.gvr)

@@ -127,6 +127,62 @@ class FillProgress:
             await asyncio.wait_for(self._changed.wait(), timeout)
 
 
+class FillLog:
+    """Progress lines of a long list (a cold fill or a relist): objects so far, objects/s and,
+    when the total is known, the estimated time left; at most one line per ``interval``.
+
+    The total is known from a paginated LIST's ``remainingItemCount``, or expected from the
+    objects the shape held before (a relist). A WatchList announces no total: its lines give
+    the count and rate only.
+    """
+
+    def __init__(
+        self,
+        *,
+        resource: str,
+        expected: int | None,
+        interval: float = 5.0,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self.resource = resource
+        self.expected = expected
+        self.interval = interval
+        self._clock = clock
+        self.started = self._last = clock()
+        self.objects = 0
+
+    def add(self, count: int, *, remaining: int | None = None) -> dict[str, Any] | None:
+        """``count`` more objects arrived (``remaining``: the apiserver says this many
+        follow). Logs and returns the line's fields when one is due."""
+        self.objects += count
+        if remaining is not None:
+            self.expected = self.objects + remaining
+        now = self._clock()
+        if now - self._last < self.interval:
+            return None
+        self._last = now
+        rate = self.objects / max(now - self.started, 1e-9)
+        fields: dict[str, Any] = {
+            "resource": self.resource,
+            "objects": self.objects,
+            "objectsPerSecond": round(rate, 1),
+        }
+        left = ""
+        if self.expected is not None and self.expected > self.objects and rate > 0:
+            fields["expectedObjects"] = self.expected
+            fields["secondsLeft"] = round((self.expected - self.objects) / rate, 1)
+            left = f" of about {self.expected}, {fields['secondsLeft']:.0f}s left"
+        logger.info(
+            "%s: listing: %d objects%s (%.0f objects/s)",
+            self.resource,
+            self.objects,
+            left,
+            rate,
+            extra=fields,
+        )
+        return fields
+
+
 class Expired(Exception):
     """The watch's RV is gone upstream (410): relist."""
 
@@ -179,6 +235,7 @@ class Reflector:
         that watch must resume from the relisted RV, not list the collection again."""
         self.lists = 0
         """Upstream lists made by this reflector (fills and relists)."""
+        self._fill_log = FillLog(resource=self.resource, expected=None)
 
     @property
     def resource(self) -> str:
@@ -259,6 +316,11 @@ class Reflector:
             self.lists += 1
             self.metrics.upstream_relists.labels(resource=self.resource).inc()
             await self.store.begin_list(self.shape)
+            held = self.metrics.value(
+                "warmwatch_shape_objects",
+                {"resource": self.resource, "shape": self.shape.key.identity},
+            )
+            self._fill_log = FillLog(resource=self.resource, expected=int(held) if held else None)
             if self.watch_list:
                 try:
                     await self._watch_list(slot, started=started)
@@ -320,6 +382,7 @@ class Reflector:
                 rv, kind, api_version = page.rv, page.kind, page.api_version
             self._progressed(slot)
             await self.store.stage(self.shape, page.changes)
+            self._fill_log.add(len(page.changes), remaining=page.remaining)
             continue_token = page.continue_token
             if not continue_token:
                 break
@@ -337,7 +400,19 @@ class Reflector:
             self.shape, rv=rv, kind=kind, api_version=api_version
         )
         self._relist = False
-        logger.info("%s: listed at RV %s (%d events appended)", self.resource, rv, appended)
+        logger.info(
+            "%s: listed at RV %s (%d events appended)",
+            self.resource,
+            rv,
+            appended,
+            extra={
+                "resource": self.resource,
+                "shape": self.shape.key.identity,
+                "resourceVersion": rv,
+                "objects": self._fill_log.objects,
+                "appended": appended,
+            },
+        )
         self.fill.set(FillState.FILLED)
         self._observe_rv(rv)
 
@@ -362,6 +437,7 @@ class Reflector:
                     await self._apply(events)
                     continue
                 self._progressed(slot)
+                self._fill_log.add(sum(1 for event in events if event.type == "ADDED"))
                 for index, event in enumerate(events):
                     if event.type == "ADDED" and event.change is not None:
                         kind, api_version = event.kind or kind, event.api_version or api_version

@@ -93,6 +93,23 @@ def test_pages_in_both_encodings() -> None:
     page = JSON.page(body)
     assert page.continue_token == "next"
     assert orjson.loads(page.changes[0].raw)["kind"] == "ConfigMap"  # kind added to items
+    assert page.remaining is None
+
+
+def test_pages_say_how_many_items_follow() -> None:
+    meta = (
+        protobuf.delimited(2, b"9")
+        + protobuf.delimited(3, b"tok")
+        + b"\x20"
+        + protobuf.varint(1234)
+    )
+    raw = protobuf.delimited(1, meta) + protobuf.list_item(configmap("c", "ns", "3"))
+    page = PROTOBUF.page(protobuf.envelope(api_version="v1", kind="ConfigMapList", raw=raw))
+    assert (page.rv, page.continue_token, page.remaining) == ("9", "tok", 1234)
+    body = orjson.dumps(
+        {"kind": "ConfigMapList", "metadata": {"resourceVersion": "9", "remainingItemCount": 77}}
+    )
+    assert JSON.page(body).remaining == 77
 
 
 def test_a_protobuf_shape_refuses_a_json_answer() -> None:

@@ -566,3 +566,20 @@ async def test_the_offline_answer_replaces_the_503(
             assert await response.text() == "offline: /echo/x"
     finally:
         await proxy.served.stop()
+
+
+async def test_passed_through_lists_are_measured_beside_the_cache_s(
+    sidecar_proxy: Proxy, session: aiohttp.ClientSession, metrics: Metrics
+) -> None:
+    async with session.get(f"{sidecar_proxy.url}/api/v1/namespaces/default/configmaps") as answer:
+        assert answer.status == 200
+        size = len(await answer.read())
+    labels = {"resource": "v1/configmaps", "source": "passthrough"}
+    assert metrics.value("warmwatch_list_bytes_total", labels) == size
+    assert metrics.value("warmwatch_list_duration_seconds_count", labels) == 1
+    # a watch of the same collection is no LIST
+    async with session.get(
+        f"{sidecar_proxy.url}/api/v1/namespaces/default/configmaps?watch=1&timeoutSeconds=1"
+    ) as answer:
+        await answer.read()
+    assert metrics.value("warmwatch_list_duration_seconds_count", labels) == 1
