@@ -15,6 +15,7 @@ import pytest
 from loadtest import kubeapi
 from loadtest.cluster import ControlPlane
 from loadtest.sidecar import Sidecar
+from proxy.cache import schema
 from tests.e2e.conftest import CreateMany
 
 pytestmark = pytest.mark.e2e
@@ -96,7 +97,7 @@ async def test_verify_and_inspect(
     code, out, _ = await warmwatch("inspect", f"--db={sidecar.db}", "-o", "json")
     assert code == 0
     inspected = json.loads(out)
-    assert inspected["database"]["schemaVersion"] == 2
+    assert inspected["database"]["schemaVersion"] == schema.SCHEMA_VERSION
     assert inspected["database"]["dbBytes"] > 0
     assert {s["shape"] for s in inspected["shapes"]} == {json_shape, protobuf_shape}
     for shape in inspected["shapes"]:
@@ -135,4 +136,9 @@ async def test_verify_and_inspect(
     assert f"{json_shape}: DIFFERENT" in out and f"{protobuf_shape}: equal" in out
     assert "cm-extra" in out
     code, out, _ = await warmwatch("inspect", f"--db={sidecar.db}")
-    assert code == 0 and json_shape in out and f"{OBJECTS:,}" in out and "schema version 2" in out
+    assert (
+        code == 0
+        and json_shape in out
+        and f"{OBJECTS:,}" in out
+        and f"schema version {schema.SCHEMA_VERSION}" in out
+    )
