@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import logging
 import random
 import time
 from collections.abc import AsyncIterator, Callable
@@ -17,6 +18,8 @@ from dataclasses import dataclass
 from typing import Final
 
 from proxy.metrics import BreakerStateValue, Metrics
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "Backoff",
@@ -248,6 +251,16 @@ class CircuitBreaker:
 
     def _set(self, state: BreakerState) -> None:
         if state is not self._state:
+            # Opening is what an operator needs to see (requests now fail fast); half-open
+            # and closed follow from it once the apiserver answers again.
+            log = logger.warning if state is BreakerState.OPEN else logger.info
+            log(
+                "circuit breaker for %s: %s -> %s (%d consecutive failures)",
+                self.target,
+                self._state.value,
+                state.value,
+                self._failures,
+            )
             self._state = state
             self._publish()
 

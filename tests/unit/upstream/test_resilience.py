@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
@@ -145,6 +146,27 @@ def test_breaker_opens_after_consecutive_failures() -> None:
     assert breaker.retry_in() == pytest.approx(10.0)
     clock.advance(4)
     assert breaker.retry_in() == pytest.approx(6.0)
+
+
+def test_breaker_changes_are_logged(caplog: pytest.LogCaptureFixture) -> None:
+    clock = Clock()
+    breaker = CircuitBreaker(
+        target="apiserver",
+        settings=BreakerSettings(failure_threshold=2, cool_down=5.0),
+        clock=clock,
+    )
+    caplog.set_level(logging.INFO, logger="proxy.upstream.resilience")
+    breaker.record_failure()
+    assert caplog.records == []
+    breaker.record_failure()
+    clock.advance(5)
+    assert breaker.allow()
+    breaker.record_success()
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", "circuit breaker for apiserver: closed -> open (2 consecutive failures)"),
+        ("INFO", "circuit breaker for apiserver: open -> half-open (2 consecutive failures)"),
+        ("INFO", "circuit breaker for apiserver: half-open -> closed (0 consecutive failures)"),
+    ]
 
 
 def test_breaker_half_open_lets_one_probe_through() -> None:
