@@ -19,6 +19,7 @@ from proxy.cache.store import StoreSettings
 from proxy.kube.resources import ResourceFlag
 from proxy.serve.authenticating import ClientAuth
 from proxy.serve.context import ServeSettings
+from proxy.serve.limiting import Limits
 from proxy.upstream.reflecting import ReflectorSettings
 from proxy.upstream.syncing import SyncSettings
 
@@ -110,6 +111,54 @@ def parser() -> argparse.ArgumentParser:
         default=int(_env("max-shapes", "500") or 500),
         help="learned collections at most; requests for more pass through",
     )
+    limits = Limits()
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=int(_env("max-connections", str(limits.max_connections)) or 0),
+        help="open client connections; over it a connection gets 429 and is closed "
+        f"(default {limits.max_connections})",
+    )
+    p.add_argument(
+        "--max-watches",
+        type=int,
+        default=int(_env("max-watches", str(limits.max_watches)) or 0),
+        help=f"watches at once, cached or passed through (default {limits.max_watches})",
+    )
+    p.add_argument(
+        "--max-client-watches",
+        type=int,
+        default=int(_env("max-client-watches", str(limits.max_client_watches)) or 0),
+        help="watches of one client: remote address and credentials "
+        f"(default {limits.max_client_watches})",
+    )
+    p.add_argument(
+        "--max-list-streams",
+        type=int,
+        default=int(_env("max-list-streams", str(limits.max_list_streams)) or 0),
+        help="LISTs (and initial watch states) streamed from the cache at once "
+        f"(default {limits.max_list_streams})",
+    )
+    p.add_argument(
+        "--header-timeout",
+        type=float,
+        default=float(_env("header-timeout", str(limits.header_timeout)) or 0),
+        help="close a connection whose request headers took longer than this "
+        f"(default {limits.header_timeout:g} s, the apiserver's)",
+    )
+    p.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=float(_env("idle-timeout", str(limits.idle_timeout)) or 0),
+        help=f"close an idle keep-alive connection after this (default {limits.idle_timeout:g} s)",
+    )
+    p.add_argument(
+        "--max-header-bytes",
+        type=int,
+        default=int(_env("max-header-bytes", str(limits.max_header_bytes)) or 0),
+        help="request line and headers at most; over it 431 "
+        f"(default {limits.max_header_bytes}, the apiserver's)",
+    )
     p.add_argument("--log-level", default=_env("log-level", "INFO"))
     p.set_defaults(env_resources=env_resources)
     return p
@@ -139,6 +188,15 @@ def settings_from(args: argparse.Namespace) -> Settings:
         reflector=ReflectorSettings(idle_timeout=args.upstream_idle_timeout),
         serve=ServeSettings(
             bookmark_interval=args.bookmark_interval, slow_write_timeout=args.watch_write_timeout
+        ),
+        limits=Limits(
+            max_connections=args.max_connections,
+            max_watches=args.max_watches,
+            max_client_watches=args.max_client_watches,
+            max_list_streams=args.max_list_streams,
+            header_timeout=args.header_timeout,
+            idle_timeout=args.idle_timeout,
+            max_header_bytes=args.max_header_bytes,
         ),
     )
 

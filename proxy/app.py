@@ -9,6 +9,7 @@ is already durable: every batch is its own transaction), close the database.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import signal
 from dataclasses import dataclass, field
@@ -22,9 +23,10 @@ from proxy.cache.shapes import Encoding, ShapeKey
 from proxy.cache.store import Store, StoreSettings
 from proxy.kube.resources import ResourceFlag
 from proxy.metrics import Metrics
-from proxy.serve import routing
+from proxy.serve import connections, routing
 from proxy.serve.authenticating import ClientAuth
 from proxy.serve.context import Context, ServeSettings
+from proxy.serve.limiting import Admission, Limits
 from proxy.upstream.connecting import ConnectionSettings, connect
 from proxy.upstream.passing import CachedDocument
 from proxy.upstream.reflecting import ReflectorSettings
@@ -47,11 +49,15 @@ class Settings:
     sync: SyncSettings = field(default_factory=SyncSettings)
     reflector: ReflectorSettings = field(default_factory=ReflectorSettings)
     serve: ServeSettings = field(default_factory=ServeSettings)
+    limits: Limits = field(default_factory=Limits)
     shutdown_timeout: float = 20.0
     """Less than a pod's default 30 s grace period, so we exit before the SIGKILL."""
 
     def store_settings(self) -> StoreSettings:
-        return self.store or StoreSettings(path=self.db)
+        """The store's settings, with a reader for each LIST stream and 4 for short reads
+        (``Limits.max_list_streams``)."""
+        store = self.store or StoreSettings(path=self.db)
+        return dataclasses.replace(store, readers=self.limits.max_list_streams + 4)
 
 
 class StoredDiscovery:
@@ -141,10 +147,17 @@ class App:
             breaker=breaker,
             ready=self.ready,
             writes=RecentWrites(),
+            admission=Admission(settings.limits),
         )
-        await self._serve(routing.api_app(ctx, auth=settings.client_auth), settings.listen)
         await self._serve(
-            routing.health_app(metrics=self.metrics, ready=self.ready), settings.metrics_listen
+            routing.api_app(ctx, auth=settings.client_auth),
+            settings.listen,
+            guarded=True,
+        )
+        await self._serve(
+            routing.health_app(metrics=self.metrics, ready=self.ready),
+            settings.metrics_listen,
+            guarded=False,
         )
         logger.info(
             "serving on %s:%d (metrics on %s:%d), %d shapes",
@@ -153,15 +166,17 @@ class App:
             len(store.shapes),
         )
 
-    async def _serve(self, app: web.Application, address: tuple[str, int]) -> None:
-        runner = web.AppRunner(
+    async def _serve(
+        self, app: web.Application, address: tuple[str, int], *, guarded: bool
+    ) -> None:
+        runner, _ = await connections.serve(
             app,
+            address=address,
+            limits=self.settings.limits,
+            metrics=self.metrics,
+            guarded=guarded,
             shutdown_timeout=self.settings.shutdown_timeout / 2,
-            handle_signals=False,
-            access_log=None,
         )
-        await runner.setup()
-        await web.TCPSite(runner, address[0], address[1]).start()
         self._runners.append(runner)
 
     def ready(self) -> tuple[bool, str]:

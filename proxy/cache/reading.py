@@ -74,17 +74,32 @@ def position(connection: sqlite3.Connection, *, shape_id: int, rv: str) -> int:
 
 
 def events_after(
-    connection: sqlite3.Connection, *, shape_id: int, after: int, limit: int, last_seq: int
+    connection: sqlite3.Connection,
+    *,
+    shape_id: int,
+    after: int,
+    limit: int,
+    last_seq: int,
+    max_bytes: int | None = None,
 ) -> list[EventRecord]:
-    """Committed log entries after seq ``after``, at most ``limit``. ``last_seq`` is the
+    """Committed log entries after seq ``after``, at most ``limit``, and no more once their
+    objects (old and new) reach ``max_bytes`` (but at least one). ``last_seq`` is the
     newest seq published: entries up to it that are no longer in the log were trimmed while
     the watcher lagged (:class:`LogTrimmed`; "no rows" then must not read as "nothing new",
     or the watcher would spin)."""
-    rows = connection.execute(
+    cursor = connection.execute(
         "SELECT seq, type, rv, batch, namespace, name, labels, prev_labels, prev_raw, raw, at "
         "FROM events WHERE shape_id = ? AND seq > ? ORDER BY seq LIMIT ?",
         (shape_id, after, limit),
-    ).fetchall()
+    )
+    rows = []
+    size = 0
+    for row in cursor:
+        rows.append(row)
+        size += len(row[8] or b"") + len(row[9] or b"")
+        if max_bytes is not None and size >= max_bytes:
+            break
+    cursor.close()
     if (rows and rows[0][0] != after + 1) or (not rows and after < last_seq):
         raise LogTrimmed(after)
     return [

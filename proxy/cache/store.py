@@ -76,6 +76,13 @@ Head = tuple[str, str, bytes, int, bytes]
 """(namespace, name, labels JSON, length of raw, the first bytes of raw): what sizing a
 protobuf list needs before it is streamed."""
 
+SNAPSHOT_BATCH_BYTES = 1 << 20
+"""A snapshot's batches hold at most about this many bytes of objects (and at most ``batch``
+rows): a LIST of large objects to a client that stopped reading pins one such batch."""
+
+_FETCH = 64
+"""Rows fetched per hop to the reader's thread while a batch is gathered."""
+
 HEAD_BYTES = 11
 """A tag byte and a varint of up to ten: the start of ObjectMeta's field."""
 
@@ -99,8 +106,18 @@ class Snapshot:
             f"SELECT {columns} FROM objects WHERE {self._where} ORDER BY namespace, name",
             self._params,
         )
-        while chunk := await cursor.fetchmany(self._batch):
-            yield list(chunk)
+        rows: list[Any] = []
+        size = 0
+        while chunk := await cursor.fetchmany(_FETCH):
+            for row in chunk:
+                rows.append(row)
+                last = row[-1]
+                size += len(last) if isinstance(last, bytes) else 0
+            if len(rows) >= self._batch or size >= SNAPSHOT_BATCH_BYTES:
+                yield rows
+                rows, size = [], 0
+        if rows:
+            yield rows
 
     @property
     def rows(self) -> AsyncIterator[list[Row]]:
@@ -399,8 +416,11 @@ class Store:
                 _batch=batch,
             )
 
-    async def read_events(self, shape: Shape, *, after: int, limit: int) -> list[EventRecord]:
-        """Committed log entries after seq ``after`` (from memory when the ring reaches)."""
+    async def read_events(
+        self, shape: Shape, *, after: int, limit: int, max_bytes: int | None = None
+    ) -> list[EventRecord]:
+        """Committed log entries after seq ``after`` (from memory when the ring reaches; from
+        the database at most ``max_bytes`` of objects, but at least one entry)."""
         in_memory = shape.log.read_after(after, limit=limit)
         if in_memory is not None:
             return in_memory
@@ -412,6 +432,7 @@ class Store:
                 after=after,
                 limit=limit,
                 last_seq=shape.log.last_seq,
+                max_bytes=max_bytes,
             )
 
     async def position(self, shape: Shape, rv: str) -> int:

@@ -30,7 +30,7 @@ from proxy.serve.rendering import Renderer
 from proxy.serve.watching import Watch
 from proxy.upstream import passing
 from proxy.upstream.errors import UpstreamStatusError
-from proxy.upstream.passing import Offline
+from proxy.upstream.passing import Offline, PassthroughSettings
 
 logger = logging.getLogger(__name__)
 
@@ -140,4 +140,5 @@ async def pass_through(
         breaker=ctx.breaker,
         offline=offline,
         observe=functools.partial(freshness.record_write, ctx.writes),
+        settings=PassthroughSettings(slow_write_timeout=ctx.settings.slow_write_timeout),
     )

@@ -90,6 +90,11 @@ class PassthroughSettings:
     needs the written resourceVersion). An object is at most ~1.5 MiB (etcd's request
     limit), so only answers that are not one object are larger."""
 
+    slow_write_timeout: float = 30.0
+    """A client that accepts no write of the answer for this long is disconnected (as the
+    cache's LISTs and watches, ``--watch-write-timeout``): it must not hold an upstream
+    connection and a buffered chunk for as long as it likes."""
+
     client_check_interval: float = 1.0
     """How often a long-running passthrough checks that its client is still connected. aiohttp
     only notices a gone client when writing, and a quiet watch writes nothing."""
@@ -179,7 +184,13 @@ def count(upstream: Upstream, verb: str, code: int | str) -> None:
 
 
 class _ClientGone(Exception):
-    """The client disconnected while its answer was streamed (not an upstream failure)."""
+    """The client disconnected, or stopped reading, while its answer was streamed (not an
+    upstream failure)."""
+
+    def __init__(self, message: str, *, reason: str = "disconnected") -> None:
+        super().__init__(message)
+        self.reason = reason
+        """A ``warmwatch_client_errors_total`` reason: disconnected or slow."""
 
 
 class Collector:
@@ -267,7 +278,9 @@ async def forward(
                 await response.prepare(request)
             except ConnectionError as error:
                 raise _ClientGone(str(error)) from error
-            pump = _pump(upstream_response, response, collector)
+            pump = _pump(
+                upstream_response, response, collector, timeout=settings.slow_write_timeout
+            )
             if long_running:
                 await _until_client_leaves(request, pump, settings=settings)
             else:
@@ -282,8 +295,9 @@ async def forward(
         logger.info("Passthrough %s %s cut by the apiserver side: %s", verb, request.path, error)
         _abort(request)
         return response
-    except _ClientGone:
-        logger.debug("Passthrough %s %s: client disconnected", verb, request.path)
+    except _ClientGone as gone:
+        upstream.metrics.client_errors.labels(reason=gone.reason).inc()
+        logger.debug("Passthrough %s %s: client %s", verb, request.path, gone.reason)
         _abort(request)
         assert response is not None  # raised only once the answer has begun
         return response
@@ -293,11 +307,17 @@ async def _pump(
     source: aiohttp.ClientResponse,
     sink: web.StreamResponse,
     collector: Collector | None,
+    *,
+    timeout: float,
 ) -> None:
-    """Copy the body as it arrives: every chunk is written to the client at once."""
+    """Copy the body as it arrives: every chunk is written to the client at once, within
+    ``timeout`` (a client that stops reading is given up)."""
     async for chunk in source.content.iter_any():
         try:
-            await sink.write(chunk)
+            async with asyncio.timeout(timeout):
+                await sink.write(chunk)
+        except TimeoutError:
+            raise _ClientGone("stopped reading", reason="slow") from None
         except ConnectionError as error:
             # aiohttp raises ClientConnectionResetError, which is also an aiohttp
             # ClientError: re-raised as is, it would pass for an upstream failure.
