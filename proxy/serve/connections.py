@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Final
+from typing import Final, cast
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -129,8 +129,7 @@ class GuardedConnection(asyncio.Protocol):
     # -- protocol callbacks ------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
         guard = self.guard
         guard.open += 1
         self._counted = True
