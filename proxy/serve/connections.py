@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Final, cast
 
 from aiohttp import web
@@ -40,6 +41,9 @@ HEADER_TOO_LARGE: Final = (
     b"431 Request Header Fields Too Large"
 )
 """What Go's HTTP server writes (then closes) when the headers exceed ``MaxHeaderBytes``."""
+
+QUIET: Final = 10.0
+"""Seconds between two INFO lines about malformed requests."""
 
 HEADER_SLACK: Final = 4096
 """Go reads ``MaxHeaderBytes`` plus 4 KiB before it refuses (``http.Server`` ``initialReadLimitSize``)."""
@@ -60,12 +64,15 @@ class ClientErrorLog(logging.Logger):
     """The logger given to aiohttp's connection handler (``AppRunner(logger=...)``).
 
     Every report reaches :meth:`handle` (so a client error is counted whatever the log level);
-    a client's fault becomes one line, at INFO for malformed HTTP and DEBUG for a client that
-    left; the rest goes to this module's logger as reported."""
+    a client's fault becomes one line at DEBUG, and malformed HTTP one at INFO at most every
+    :data:`QUIET` seconds (saying how many it stands for), so garbage sent in a loop does
+    not flood the log; the rest goes to this module's logger as reported."""
 
     def __init__(self, *, metrics: Metrics) -> None:
         super().__init__(logger.name)
         self.metrics = metrics
+        self._said_at = -QUIET
+        self._unsaid = 0
 
     def isEnabledFor(self, level: int) -> bool:
         return True
@@ -78,8 +85,18 @@ class ClientErrorLog(logging.Logger):
                 logger.handle(record)
             return
         self.metrics.client_errors.labels(reason=reason).inc()
-        level = logging.INFO if reason == "malformed" else logging.DEBUG
-        logger.log(level, "client error: %s (%s)", reason, type(error).__name__)
+        now = time.monotonic()
+        if reason != "malformed" or now - self._said_at < QUIET:
+            self._unsaid += reason == "malformed"
+            logger.debug("client error: %s (%s)", reason, type(error).__name__)
+            return
+        logger.info(
+            "client error: malformed (%s); %d more since the last such line "
+            "(warmwatch_client_errors_total counts them all)",
+            type(error).__name__,
+            self._unsaid,
+        )
+        self._said_at, self._unsaid = now, 0
 
 
 class Guard:
@@ -203,16 +220,19 @@ class GuardedConnection(asyncio.Protocol):
         """Count header bytes; False when they are over the limit (the connection is refused)."""
         if self.idle:
             self._start_headers()
-        window = self._tail + data
-        end = headers_end(window)
-        self.header_bytes += len(data) if end < 0 else max(end - len(self._tail), 0)
+        self.header_bytes += len(data)
+        if not self._tail:  # before the request line: empty lines are skipped (RFC 9112 §2.2)
+            data = data.lstrip(b"\r\n")
+        end = headers_end(self._tail + data) if data else -1
+        if end >= 0:  # what follows the headers (a body, a pipelined request) is not theirs
+            self.header_bytes -= len(self._tail) + len(data) - end
         if self.header_bytes > self.guard.limits.max_header_bytes + HEADER_SLACK:
             self._refuse_headers()
             return False
         if end >= 0:
             self._headers_done()
-        else:
-            self._tail = window[-3:]
+        elif data:
+            self._tail = (self._tail + data)[-3:]  # never empty once the request line began
         return True
 
     # -- deadlines ---------------------------------------------------------------------------
@@ -234,7 +254,7 @@ class GuardedConnection(asyncio.Protocol):
         self._headers_done()
         self._refused = True
         self.guard.metrics.client_errors.labels(reason="header_too_large").inc()
-        logger.info("client error: header_too_large")
+        logger.debug("client error: header_too_large")
         assert self.transport is not None
         self.transport.write(HEADER_TOO_LARGE)
         self.transport.close()

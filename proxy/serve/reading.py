@@ -22,6 +22,7 @@ from proxy.cache.shapes import Encoding, Request
 from proxy.kube.gocompat import parse_query
 from proxy.kube.options import ListOptions, ListSemanticsKind, list_semantics, watch_start
 from proxy.kube.resources import RequestPath
+from proxy.kube.status import StatusError
 from proxy.serve import freshness
 from proxy.serve.context import Context
 from proxy.serve.listing import serve_list
@@ -41,7 +42,14 @@ async def read_collection(
     # The query as the apiserver decodes it (Go's URL.Query()), not as aiohttp does: a
     # parameter with a bad escape is dropped rather than kept verbatim.
     query = parse_query(request.raw_path.partition("?")[2])
-    options = ListOptions.parse(query, watch_path=path.is_watch_path)
+    try:
+        options = ListOptions.parse(query, watch_path=path.is_watch_path)
+    except StatusError as invalid:
+        if invalid.code < 500:
+            raise
+        # A watch's unparsable resourceVersion is the apiserver's InternalError, which it
+        # only meets after finding the resource (404) and negotiating (406): its own answer.
+        return await pass_through(request, ctx)
     accept = request.headers.get("Accept")
     protobuf_ok = path.gvr.may_have_protobuf and path.gvr not in ctx.syncer.without_protobuf
     negotiated = negotiate(accept, single=options.is_watch, protobuf_ok=protobuf_ok)
@@ -118,14 +126,22 @@ async def read_collection(
             request=request,
         )
         return await watch.serve()
-    return await serve_list(
-        request,
-        ctx=ctx,
-        shape=shape,
-        view=view,
-        renderer=renderer,
-        not_older_than=not_older_than,
-    )
+    try:
+        return await serve_list(
+            request,
+            ctx=ctx,
+            shape=shape,
+            view=view,
+            renderer=renderer,
+            not_older_than=not_older_than,
+        )
+    except StatusError as behind:
+        if not behind.is_too_large_resource_version:
+            raise
+        # The cache did not reach the RV in time. A quiet shape learns the current RV only
+        # from the next bookmark (about a minute), while the apiserver asks etcd for it: the
+        # apiserver answers (at once, or with this same 504 if the RV is really ahead).
+        return await pass_through(request, ctx)
 
 
 async def pass_through(

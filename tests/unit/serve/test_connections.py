@@ -204,3 +204,30 @@ async def test_a_client_that_left_is_no_error(start: Any, caplog: pytest.LogCapt
     writer.close()
     assert errors(metrics, "disconnected") == 1
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
+
+
+async def test_blank_lines_are_not_a_request(start: Any) -> None:
+    """Empty lines before a request line are skipped by the parser: they neither end the
+    headers nor stop their deadline."""
+    port, metrics = await start(header_timeout=0.5)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"\r\n\r\n\r\n\r\n")
+    assert await read_all(reader) == b""
+    assert errors(metrics, "header_timeout") == 1
+    writer.close()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"\r\n" + REQUEST)
+    assert (await reader.readuntil(b"ok")).startswith(b"HTTP/1.1 200")
+    writer.close()
+
+
+@pytest.mark.parametrize(
+    ("data", "end"),
+    [
+        (b"GET / HTTP/1.1\r\nHost: a\r\n\r\nbody", 27),
+        (b"GET / HTTP/1.1\nHost: a\n\nbody", 24),
+        (b"GET / HTTP/1.1\r\nHost: a\r\n", -1),
+    ],
+)
+def test_headers_end(data: bytes, end: int) -> None:
+    assert connections.headers_end(data) == end
