@@ -44,8 +44,8 @@ class Limits:
     max_connections: int = 2048
     """Open client connections. warmwatch speaks HTTP/1.1, so each watch is a connection:
     this must exceed ``max_watches`` plus the requests in flight. An idle connection costs
-    ~20 KiB, so the limit bounds that to ~40 MiB. Over it, a connection gets 429 to its first
-    request and is closed; over twice the limit it is closed at once, unread."""
+    tens of KiB. Over it, a connection gets 429 to its first request and is closed; over
+    twice the limit it is closed at once, unread."""
     max_watches: int = 1024
     """Watches at once (cached and passed through). kube-controller-manager, which watches
     every resource for its garbage collector and quota, opens ~150; a controller-runtime
