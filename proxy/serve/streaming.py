@@ -14,13 +14,14 @@ reading pins in memory is one piece and that buffer, not a whole batch of rows o
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import socket
-import struct
 from collections.abc import Awaitable, Callable
 from typing import Final
 
 from aiohttp import web
+
+from proxy.upstream.forwarding import cut
+
+__all__ = ["PIECE", "Pieces", "Send", "SlowClient", "cut", "write_within"]
 
 PIECE: Final = 64 * 1024
 """Bytes gathered into one write: the size of the transport's high-water mark, so a write
@@ -41,23 +42,6 @@ async def write_within(response: web.StreamResponse, data: bytes, *, timeout: fl
             await response.write(data)
     except TimeoutError:
         raise SlowClient from None
-
-
-def cut(request: web.BaseRequest) -> None:
-    """Close the connection now, discarding what the client has not read (a TCP reset).
-
-    ``close()`` would first wait for the client to read our buffer, and even ``abort()`` leaves
-    the kernel holding the connection open until the client reads what the socket still has:
-    a client that stopped reading would keep it forever.
-    """
-    transport = request.transport
-    if transport is None:
-        return
-    sock = transport.get_extra_info("socket")
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    transport.abort()
 
 
 class Pieces:

@@ -34,6 +34,8 @@ import asyncio
 import contextlib
 import logging
 import math
+import socket
+import struct
 from collections.abc import AsyncIterator, Coroutine, Iterable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -293,12 +295,12 @@ async def forward(
             raise
         # Headers are out: a Status is no longer possible. Make the cut visible.
         logger.info("Passthrough %s %s cut by the apiserver side: %s", verb, request.path, error)
-        _abort(request)
+        cut(request)
         return response
     except _ClientGone as gone:
         upstream.metrics.client_errors.labels(reason=gone.reason).inc()
         logger.debug("Passthrough %s %s: client %s", verb, request.path, gone.reason)
-        _abort(request)
+        cut(request)
         assert response is not None  # raised only once the answer has begun
         return response
 
@@ -354,7 +356,18 @@ async def _until_client_leaves(
                 await task
 
 
-def _abort(request: web.BaseRequest) -> None:
+def cut(request: web.BaseRequest) -> None:
+    """Close the client's connection now, discarding what it has not read (a TCP reset).
+
+    ``close()`` would first wait for the client to read our buffer, and even ``abort()`` leaves
+    the kernel holding the connection open until the client reads what the socket still has:
+    a client that stopped reading would keep it forever.
+    """
     transport = request.transport
-    if transport is not None:
-        transport.abort()
+    if transport is None:
+        return
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
