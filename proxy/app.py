@@ -152,12 +152,10 @@ class App:
         await self._serve(
             routing.api_app(ctx, auth=settings.client_auth),
             settings.listen,
-            guarded=True,
         )
         await self._serve(
             routing.health_app(metrics=self.metrics, ready=self.ready),
             settings.metrics_listen,
-            guarded=False,
         )
         logger.info(
             "serving on %s:%d (metrics on %s:%d), %d shapes",
@@ -166,15 +164,12 @@ class App:
             len(store.shapes),
         )
 
-    async def _serve(
-        self, app: web.Application, address: tuple[str, int], *, guarded: bool
-    ) -> None:
+    async def _serve(self, app: web.Application, address: tuple[str, int]) -> None:
         runner, _ = await connections.serve(
             app,
             address=address,
             limits=self.settings.limits,
             metrics=self.metrics,
-            guarded=guarded,
             shutdown_timeout=self.settings.shutdown_timeout / 2,
         )
         self._runners.append(runner)

@@ -9,8 +9,9 @@ the offending line (which may be an ``Authorization`` header). Here:
   request headers did not arrive within ``header_timeout`` (armed when the connection opens
   and when the first byte of a further request arrives; an idle keep-alive connection is
   aiohttp's ``keepalive_timeout``), and refuses headers over ``max_header_bytes`` with Go's
-  431. The handler learns where headers end from :func:`middleware`: a request reaching the
-  application has had its headers read.
+  431. It sees where headers end in the bytes (the blank line), and from :func:`middleware`
+  (a request reaching the application has had its headers read; its end makes the
+  connection idle). Over ``max_connections`` a connection's first request is answered 429.
 - :class:`ClientErrorLog` is the logger aiohttp's handler reports to: a client's fault
   (malformed HTTP, a disconnect, a client that stopped reading) is counted in
   ``warmwatch_client_errors_total{reason}`` and logged as one line naming the reason and the
@@ -326,13 +327,12 @@ async def serve(
     address: tuple[str, int],
     limits: Limits,
     metrics: Metrics,
-    guarded: bool,
     shutdown_timeout: float,
-) -> tuple[web.AppRunner, web.BaseSite]:
-    """Serve ``app`` on ``address``; ``guarded``: its connections are bounded
-    (:class:`GuardedSite`). On every listener header sizes are the apiserver's, idle
-    keep-alive connections are closed after ``idle_timeout``, and aiohttp's reports about bad
-    clients go to :class:`ClientErrorLog`."""
+) -> tuple[web.AppRunner, GuardedSite]:
+    """Serve ``app`` on ``address`` as warmwatch serves its listeners: connections bounded
+    (:class:`GuardedSite`; ``app`` has :func:`middleware` first), header sizes the
+    apiserver's, idle keep-alive connections closed after ``idle_timeout``, and aiohttp's
+    reports about bad clients sent to :class:`ClientErrorLog`."""
     header_bytes = limits.max_header_bytes + HEADER_SLACK
     runner = web.AppRunner(
         app,
@@ -345,11 +345,7 @@ async def serve(
         max_field_size=header_bytes,
     )
     await runner.setup()
-    site: web.BaseSite
-    if guarded:
-        guard = Guard(limits=limits, metrics=metrics)
-        site = GuardedSite(runner, host=address[0], port=address[1], guard=guard)
-    else:
-        site = web.TCPSite(runner, address[0], address[1])
+    guard = Guard(limits=limits, metrics=metrics)
+    site = GuardedSite(runner, host=address[0], port=address[1], guard=guard)
     await site.start()
     return runner, site

@@ -145,7 +145,7 @@ def health_app(*, metrics: Metrics, ready: Callable[[], tuple[bool, str]]) -> we
             request, check=ready if request.path.startswith("/readyz") else health.alive
         )
 
-    app = web.Application()
+    app = web.Application(middlewares=[connections.middleware])
     app.router.add_get("/metrics", exposition)
     for endpoint in health.ENDPOINTS:
         app.router.add_get(endpoint, probe)

@@ -43,11 +43,9 @@ async def start() -> AsyncIterator[Callable[..., Any]]:
             address=("127.0.0.1", 0),
             limits=Limits(**limits),
             metrics=metrics,
-            guarded=True,
             shutdown_timeout=1,
         )
         runners.append(runner)
-        assert isinstance(site, connections.GuardedSite)
         return site.port, metrics
 
     yield start_server
