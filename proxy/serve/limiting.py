@@ -69,6 +69,19 @@ class Limits:
     """Bytes of a request line and headers together: the kube-apiserver's ``MaxHeaderBytes``
     (1 MiB; Go allows 4 KiB more). Over it: 431, as Go's server answers."""
 
+    def __post_init__(self) -> None:
+        for name in (
+            "max_connections",
+            "max_watches",
+            "max_client_watches",
+            "max_list_streams",
+            "header_timeout",
+            "idle_timeout",
+            "max_header_bytes",
+        ):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be positive")
+
 
 class LimitReached(Exception):
     """A request over a limit; ``limit`` names it (a ``warmwatch_rejected_total`` label)."""
