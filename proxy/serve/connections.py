@@ -46,6 +46,10 @@ HEADER_TOO_LARGE: Final = (
 QUIET: Final = 10.0
 """Seconds between two INFO lines about malformed requests."""
 
+HEADER_SHARE: Final = 64 * 1024
+"""Headers this large or smaller are never refused for the shared ``header_budget``: real
+requests' headers are a few KiB."""
+
 HEADER_SLACK: Final = 4096
 """Go reads ``MaxHeaderBytes`` plus 4 KiB before it refuses (``http.Server`` ``initialReadLimitSize``)."""
 
@@ -107,6 +111,8 @@ class Guard:
         self.limits = limits
         self.metrics = metrics
         self.open = 0
+        self.buffered = 0
+        """Header bytes of requests still being received, all connections together."""
 
 
 def headers_end(data: bytes) -> int:
@@ -175,8 +181,7 @@ class GuardedConnection(asyncio.Protocol):
         return self.handler.eof_received()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
-        self.reading_headers = False
+        self._headers_done()
         if self._counted:
             self._counted = False
             self.guard.open -= 1
@@ -204,16 +209,16 @@ class GuardedConnection(asyncio.Protocol):
         self.idle = True
 
     def _start_headers(self) -> None:
+        self._headers_done()
         self.idle = False
         self.reading_headers = True
-        self.header_bytes = 0
-        self._tail = b""
-        self._disarm()
         loop = asyncio.get_running_loop()
         self._deadline = loop.call_later(self.guard.limits.header_timeout, self._headers_late)
 
     def _headers_done(self) -> None:
         self.reading_headers = False
+        self.guard.buffered -= self.header_bytes
+        self.header_bytes = 0
         self._tail = b""
         self._disarm()
 
@@ -221,13 +226,19 @@ class GuardedConnection(asyncio.Protocol):
         """Count header bytes; False when they are over the limit (the connection is refused)."""
         if self.idle:
             self._start_headers()
-        self.header_bytes += len(data)
+        counted = len(data)
         if not self._tail:  # before the request line: empty lines are skipped (RFC 9112 §2.2)
             data = data.lstrip(b"\r\n")
         end = headers_end(self._tail + data) if data else -1
         if end >= 0:  # what follows the headers (a body, a pipelined request) is not theirs
-            self.header_bytes -= len(self._tail) + len(data) - end
-        if self.header_bytes > self.guard.limits.max_header_bytes + HEADER_SLACK:
+            counted -= len(self._tail) + len(data) - end
+        self.header_bytes += counted
+        guard = self.guard
+        guard.buffered += counted
+        limits = guard.limits
+        if self.header_bytes > limits.max_header_bytes + HEADER_SLACK or (
+            guard.buffered > limits.header_budget and self.header_bytes > HEADER_SHARE
+        ):
             self._refuse_headers()
             return False
         if end >= 0:

@@ -68,6 +68,11 @@ class Limits:
     max_header_bytes: int = 1 << 20
     """Bytes of a request line and headers together: the kube-apiserver's ``MaxHeaderBytes``
     (1 MiB; Go allows 4 KiB more). Over it: 431, as Go's server answers."""
+    header_budget: int = 64 << 20
+    """Header bytes of requests still being received, all connections together: aiohttp
+    holds them until the headers are complete, so ``max_connections`` clients each sending
+    nearly ``max_header_bytes`` could pin gigabytes. Past this budget a connection whose
+    headers exceed 64 KiB is refused (431); smaller ones, every real request, go on."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -78,6 +83,7 @@ class Limits:
             "header_timeout",
             "idle_timeout",
             "max_header_bytes",
+            "header_budget",
         ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive")

@@ -229,3 +229,29 @@ async def test_blank_lines_are_not_a_request(start: Any) -> None:
 )
 def test_headers_end(data: bytes, end: int) -> None:
     assert connections.headers_end(data) == end
+
+
+async def test_headers_held_by_all_connections_together_are_bounded(start: Any) -> None:
+    """Past the shared budget, a connection with large headers is refused; a small request
+    still goes through."""
+    port, metrics = await start(header_budget=300_000)
+    big = [await asyncio.open_connection("127.0.0.1", port) for _ in range(4)]
+    for _, writer in big:
+        writer.write(b"GET /ok HTTP/1.1\r\nX-A: " + b"a" * 100_000)  # unfinished
+        await writer.drain()
+    await asyncio.sleep(0.3)
+
+    async def answer(reader: asyncio.StreamReader) -> bytes:
+        try:
+            return await asyncio.wait_for(reader.read(1000), 0.5)
+        except TimeoutError:
+            return b""  # still open: its headers are within the budget
+
+    answers = [await answer(reader) for reader, _ in big]
+    assert answers.count(connections.HEADER_TOO_LARGE) == 2  # 4 x 100 KB, budget 300 KB
+    assert errors(metrics, "header_too_large") >= 1
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(REQUEST)
+    assert (await reader.readuntil(b"ok")).startswith(b"HTTP/1.1 200")
+    for _, w in [*big, (reader, writer)]:
+        w.close()
