@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
+import resource
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -201,8 +203,20 @@ def settings_from(args: argparse.Namespace) -> Settings:
     )
 
 
+def raise_open_files_limit() -> None:
+    """Raise the soft limit of open files to the hard one, as Go's runtime does for the
+    apiserver: ``--max-connections``, not a default soft limit of 1,024, bounds connections
+    (at that limit ``accept()`` would fail, and asyncio log each failure as an error)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    raise_open_files_limit()
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

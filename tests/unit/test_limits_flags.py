@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import resource
+
 import pytest
 
-from proxy.__main__ import parser, settings_from
+from proxy.__main__ import parser, raise_open_files_limit, settings_from
 from proxy.serve.limiting import Limits
 
 
@@ -46,3 +48,14 @@ def test_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_limit_must_be_positive() -> None:
     with pytest.raises(ValueError, match="--max-watches must be positive"):
         settings_from(parser().parse_args(["--max-watches=0"]))
+
+
+def test_the_open_files_limit_is_raised_to_the_hard_one() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, hard), hard))
+        raise_open_files_limit()
+        raised, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        assert raised == (hard if hard != resource.RLIM_INFINITY else 1 << 20)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
