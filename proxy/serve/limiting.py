@@ -48,8 +48,8 @@ class Limits:
     twice the limit it is closed at once, unread."""
     max_watches: int = 1024
     """Watches at once (cached and passed through). kube-controller-manager, which watches
-    every resource for its garbage collector and quota, opens ~150; a controller-runtime
-    manager a few dozen."""
+    every resource type for its garbage collector and quota, needs about 60 collections (a
+    watch or two each); a controller-runtime manager a few dozen."""
     max_client_watches: int = 512
     """Watches of one client (address and credentials): half the total, so one runaway client
     cannot take every slot while a well-behaved one still gets its few."""
