@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
+import resource
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,6 +25,7 @@ from proxy.cache.store import StoreSettings
 from proxy.kube.resources import ResourceFlag
 from proxy.serve.authenticating import DEFAULT_REJECT_PATHS, ClientAuth, RejectPaths
 from proxy.serve.context import ServeSettings
+from proxy.serve.limiting import Limits
 from proxy.upstream.delegating import DelegationSettings
 from proxy.upstream.discovering import DiscoverySettings
 from proxy.upstream.reflecting import ReflectorSettings
@@ -153,6 +156,54 @@ def parser() -> argparse.ArgumentParser:
         help="answer discovery from warmwatch's copy while the apiserver confirmed it within "
         "this many seconds (kept confirmed in the background); 0: always ask the apiserver",
     )
+    limits = Limits()
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=int(_env("max-connections", str(limits.max_connections)) or 0),
+        help="open client connections; over it a connection gets 429 and is closed "
+        f"(default {limits.max_connections})",
+    )
+    p.add_argument(
+        "--max-watches",
+        type=int,
+        default=int(_env("max-watches", str(limits.max_watches)) or 0),
+        help=f"watches at once, cached or passed through (default {limits.max_watches})",
+    )
+    p.add_argument(
+        "--max-client-watches",
+        type=int,
+        default=int(_env("max-client-watches", str(limits.max_client_watches)) or 0),
+        help="watches of one client: remote address and credentials "
+        f"(default {limits.max_client_watches})",
+    )
+    p.add_argument(
+        "--max-list-streams",
+        type=int,
+        default=int(_env("max-list-streams", str(limits.max_list_streams)) or 0),
+        help="LISTs (and initial watch states) streamed from the cache at once "
+        f"(default {limits.max_list_streams})",
+    )
+    p.add_argument(
+        "--header-timeout",
+        type=float,
+        default=float(_env("header-timeout", str(limits.header_timeout)) or 0),
+        help="close a connection whose request headers took longer than this "
+        f"(default {limits.header_timeout:g} s, the apiserver's)",
+    )
+    p.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=float(_env("idle-timeout", str(limits.idle_timeout)) or 0),
+        help=f"close an idle keep-alive connection after this (default {limits.idle_timeout:g} s)",
+    )
+    p.add_argument(
+        "--max-header-bytes",
+        type=int,
+        default=int(_env("max-header-bytes", str(limits.max_header_bytes)) or 0),
+        help="request line and headers at most; over it 431 "
+        f"(default {limits.max_header_bytes}, the apiserver's)",
+    )
     p.add_argument("--log-level", default=_env("log-level", "INFO"))
     p.add_argument(
         "--log-format",
@@ -199,7 +250,27 @@ def settings_from(args: argparse.Namespace) -> Settings:
             bookmark_interval=args.bookmark_interval, slow_write_timeout=args.watch_write_timeout
         ),
         discovery=DiscoverySettings(max_age=args.discovery_max_age),
+        limits=Limits(
+            max_connections=args.max_connections,
+            max_watches=args.max_watches,
+            max_client_watches=args.max_client_watches,
+            max_list_streams=args.max_list_streams,
+            header_timeout=args.header_timeout,
+            idle_timeout=args.idle_timeout,
+            max_header_bytes=args.max_header_bytes,
+        ),
     )
+
+
+def raise_open_files_limit() -> None:
+    """Raise the soft limit of open files to the hard one, as Go's runtime does for the
+    apiserver: ``--max-connections``, not a default soft limit of 1,024, bounds connections
+    (at that limit ``accept()`` would fail, and asyncio log each failure as an error)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -207,6 +278,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if arguments and arguments[0] in operating.COMMANDS:
         return operating.main(arguments)
     args = parser().parse_args(arguments)
+    raise_open_files_limit()
     try:
         logs.configure(level=args.log_level, log_format=args.log_format)
         settings = settings_from(args)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import ipaddress
 import logging
 import signal
@@ -25,7 +26,7 @@ from proxy.cache.shapes import Encoding, ShapeKey
 from proxy.cache.store import Store, StoreSettings
 from proxy.kube.resources import ResourceFlag
 from proxy.metrics import Metrics
-from proxy.serve import routing
+from proxy.serve import connections, routing
 from proxy.serve.authenticating import (
     DEFAULT_REJECT_PATHS,
     ClientAuth,
@@ -34,6 +35,7 @@ from proxy.serve.authenticating import (
     TokenFile,
 )
 from proxy.serve.context import Context, ServeSettings
+from proxy.serve.limiting import Admission, Limits
 from proxy.serve.securing import ServingCertificate
 from proxy.upstream.connecting import ConnectionSettings, Upstream, connect
 from proxy.upstream.delegating import Delegation, DelegationSettings
@@ -73,11 +75,15 @@ class Settings:
     reflector: ReflectorSettings = field(default_factory=ReflectorSettings)
     serve: ServeSettings = field(default_factory=ServeSettings)
     discovery: DiscoverySettings = field(default_factory=DiscoverySettings)
+    limits: Limits = field(default_factory=Limits)
     shutdown_timeout: float = 20.0
     """Less than a pod's default 30 s grace period, so we exit before the SIGKILL."""
 
     def store_settings(self) -> StoreSettings:
-        return self.store or StoreSettings(path=self.db)
+        """The store's settings, with a reader for each LIST stream and 4 for short reads
+        (``Limits.max_list_streams``)."""
+        store = self.store or StoreSettings(path=self.db)
+        return dataclasses.replace(store, readers=self.limits.max_list_streams + 4)
 
 
 class StartRefused(Exception):
@@ -237,6 +243,7 @@ class App:
             ready=self.ready,
             writes=RecentWrites(),
             delegation=self.delegation,
+            admission=Admission(settings.limits),
         )
         guard = Guard(
             loopback_listener=is_loopback_address(settings.listen[0]),
@@ -252,7 +259,8 @@ class App:
                 self._reload_certificate(certificate), name="serving certificate reload"
             )
         await self._serve(
-            routing.health_app(metrics=self.metrics, ready=self.ready), settings.metrics_listen
+            routing.health_app(metrics=self.metrics, ready=self.ready),
+            settings.metrics_listen,
         )
         logger.info(
             "serving on %s:%d (metrics on %s:%d), %d shapes",
@@ -295,14 +303,14 @@ class App:
         *,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
-        runner = web.AppRunner(
+        runner, _ = await connections.serve(
             app,
+            address=address,
+            limits=self.settings.limits,
+            metrics=self.metrics,
             shutdown_timeout=self.settings.shutdown_timeout / 2,
-            handle_signals=False,
-            access_log=None,
+            ssl_context=ssl_context,
         )
-        await runner.setup()
-        await web.TCPSite(runner, address[0], address[1], ssl_context=ssl_context).start()
         self._runners.append(runner)
 
     def ready(self) -> tuple[bool, str]:

@@ -250,6 +250,26 @@ class Metrics:
             buckets=_DURATION_BUCKETS,
             registry=r,
         )
+        self.client_errors: Final = Counter(
+            f"{PREFIX}client_errors",
+            "Client connections and requests ended for the client's fault, by reason: "
+            "disconnected (left mid-answer), slow (stopped reading), malformed (not HTTP "
+            "aiohttp could parse), header_timeout, header_too_large.",
+            ("reason",),
+            registry=r,
+        )
+        self.rejected: Final = Counter(
+            f"{PREFIX}rejected",
+            "Requests and connections refused over a limit (429, or closed at once), by limit: "
+            "connections, watches, client_watches, list_streams.",
+            ("limit",),
+            registry=r,
+        )
+        self.connections: Final = Gauge(
+            f"{PREFIX}connections",
+            "Client connections currently open on the API listener.",
+            registry=r,
+        )
         self.event_delivery_lag: Final = Histogram(
             f"{PREFIX}event_delivery_lag_seconds",
             "Time from an event's commit to its write to a client.",

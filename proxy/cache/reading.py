@@ -95,17 +95,33 @@ def position(connection: sqlite3.Connection, *, shape_id: int, rv: str) -> int:
 
 
 def events_after(
-    connection: sqlite3.Connection, *, shape_id: int, after: int, limit: int, last_seq: int
+    connection: sqlite3.Connection,
+    *,
+    shape_id: int,
+    after: int,
+    limit: int,
+    last_seq: int,
+    max_bytes: int | None = None,
 ) -> list[EventRecord]:
-    """Committed log entries after seq ``after``, at most ``limit``. ``last_seq`` is the
-    newest seq published (a relist in progress appends past it, unseen): entries up to it that are no longer in the log were trimmed while
+    """Committed log entries after seq ``after``, at most ``limit``, and no more once their
+    objects (old and new) reach ``max_bytes`` (but at least one). ``last_seq`` is the
+    newest seq published (a relist in progress appends past it, unseen): entries up to it
+    that are no longer in the log were trimmed while
     the watcher lagged (:class:`LogTrimmed`; "no rows" then must not read as "nothing new",
     or the watcher would spin)."""
-    rows = connection.execute(
+    cursor = connection.execute(
         "SELECT seq, type, rv, batch, namespace, name, labels, prev_labels, prev_raw, raw, at "
         "FROM events WHERE shape_id = ? AND seq > ? AND seq <= ? ORDER BY seq LIMIT ?",
         (shape_id, after, last_seq, limit),
-    ).fetchall()
+    )
+    rows = []
+    size = 0
+    for row in cursor:
+        rows.append(row)
+        size += len(row[8] or b"") + len(row[9] or b"")
+        if max_bytes is not None and size >= max_bytes:
+            break
+    cursor.close()
     if (rows and rows[0][0] != after + 1) or (not rows and after < last_seq):
         raise LogTrimmed(after)
     return [
@@ -169,10 +185,13 @@ def object_rows(
     namespace: str | None,
     after: tuple[str, str] | None,
     limit: int,
+    max_bytes: int | None = None,
 ) -> list[Row]:
     """The next page of a snapshot's objects (``SnapshotHead.gen``; of one namespace, or
-    all) in key order, after the key ``after`` (exclusive; None: from the start)."""
-    return _page(connection, "namespace, name, labels, raw", gen, namespace, after, limit)
+    all) in key order, after the key ``after`` (exclusive; None: from the start): at most
+    ``limit`` rows, and no more once their bodies reach ``max_bytes`` (but at least one)."""
+    columns = "namespace, name, labels, raw"
+    return _page(connection, columns, gen, namespace, after, limit, max_bytes)
 
 
 def object_heads(
@@ -182,10 +201,11 @@ def object_heads(
     namespace: str | None,
     after: tuple[str, str] | None,
     limit: int,
+    max_bytes: int | None = None,
 ) -> list[Head]:
     """:func:`object_rows` without the bodies: their lengths and first ``HEAD_BYTES``."""
     columns = f"namespace, name, labels, length(raw), substr(raw, 1, {HEAD_BYTES})"
-    return _page(connection, columns, gen, namespace, after, limit)
+    return _page(connection, columns, gen, namespace, after, limit, max_bytes)
 
 
 def _page(
@@ -195,6 +215,7 @@ def _page(
     namespace: str | None,
     after: tuple[str, str] | None,
     limit: int,
+    max_bytes: int | None,
 ) -> list[Any]:
     # Keyset paging on the primary key (gen, namespace, name): each page is one index
     # seek, however deep into the collection it starts.
@@ -206,11 +227,21 @@ def _page(
     if after is not None:
         where.append("(namespace, name) > (?, ?)")
         params += after
-    return connection.execute(
+    cursor = connection.execute(
         f"SELECT {columns} FROM objects WHERE {' AND '.join(where)} "
         "ORDER BY namespace, name LIMIT ?",
         (*params, limit),
-    ).fetchall()
+    )
+    if max_bytes is None:
+        return cursor.fetchall()
+    rows, size = [], 0
+    for row in cursor:
+        rows.append(row)
+        size += len(row[-1])
+        if size >= max_bytes:
+            break
+    cursor.close()
+    return rows
 
 
 # ------------------------------------------------------------------------- single reads

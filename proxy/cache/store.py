@@ -71,6 +71,10 @@ class Shape:
 
 RowT = TypeVar("RowT", reading.Row, reading.Head)
 
+SNAPSHOT_BATCH_BYTES = 1 << 20
+"""A snapshot's batches hold at most about this many bytes of objects (and at most ``batch``
+rows): a LIST of large objects to a client that stopped reading pins one such batch."""
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Snapshot:
@@ -97,11 +101,11 @@ class Snapshot:
                 namespace=self._namespace,
                 after=after,
                 limit=self._batch,
+                max_bytes=SNAPSHOT_BATCH_BYTES,
             )
-            if page:
-                yield page
-            if len(page) < self._batch:
+            if not page:
                 return
+            yield page
             after = (page[-1][0], page[-1][1])
 
     @property
@@ -417,8 +421,11 @@ class Store:
             finally:
                 await _on_thread(db, reading.end_snapshot)
 
-    async def read_events(self, shape: Shape, *, after: int, limit: int) -> list[EventRecord]:
-        """Committed log entries after seq ``after`` (from memory when the ring reaches)."""
+    async def read_events(
+        self, shape: Shape, *, after: int, limit: int, max_bytes: int | None = None
+    ) -> list[EventRecord]:
+        """Committed log entries after seq ``after`` (from memory when the ring reaches; from
+        the database at most ``max_bytes`` of objects, but at least one entry)."""
         in_memory = shape.log.read_after(after, limit=limit)
         if in_memory is not None:
             return in_memory
@@ -428,6 +435,7 @@ class Store:
             after=after,
             limit=limit,
             last_seq=shape.log.last_seq,
+            max_bytes=max_bytes,
         )
 
     async def position(self, shape: Shape, rv: str) -> int:

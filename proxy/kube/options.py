@@ -373,6 +373,10 @@ def list_semantics(options: ListOptions) -> ListSemantics:
         if limit is not None:
             return ListSemantics(kind=ListSemanticsKind.EXACT, resource_version=rv, limit=limit)
         return ListSemantics(kind=ListSemanticsKind.NOT_OLDER_THAN, resource_version=rv)
+    if rv is not None and match == ResourceVersionMatch.EXACT:
+        # Also RV "0" read from "00", which validation (comparing with the literal "0") lets
+        # through: the apiserver's own answer to it is an Exact read's (found by fuzzing).
+        return ListSemantics(kind=ListSemanticsKind.EXACT, resource_version=rv, limit=limit)
     if rv is not None and rv != "0":
         if match == ResourceVersionMatch.NOT_OLDER_THAN:
             kind = ListSemanticsKind.NOT_OLDER_THAN

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from proxy.cache.freshness import RecentWrites
 from proxy.cache.store import Store
 from proxy.metrics import Metrics
+from proxy.serve.limiting import Admission, Limits
 from proxy.upstream.connecting import Credentials, Upstream
 from proxy.upstream.delegating import Delegation
 from proxy.upstream.passing import DiscoveryCache, DiscoveryCopies
@@ -34,6 +35,10 @@ class ServeSettings:
     """How often an idle watch checks that its client is still connected."""
     event_batch: int = 512
     """Log entries read per step when a watcher catches up."""
+    event_batch_bytes: int = 128 * 1024
+    """...and at most about this many bytes of them (read from the database: entries in the
+    in-memory ring are shared, not copied). A watcher whose client stopped reading holds one
+    such batch until it is cut: bounded per watcher whatever the objects' size."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -59,3 +64,5 @@ class Context:
     delegation: Delegation | None = None
     """``--client-auth delegated``: reads served from the cache are authorized per client
     (``proxy.serve.authorizing``)."""
+    admission: Admission = field(default_factory=lambda: Admission(Limits()))
+    """What clients hold against the limits (``proxy.serve.limiting``)."""

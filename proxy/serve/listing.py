@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from aiohttp import web
@@ -25,12 +25,9 @@ from proxy.kube.status import StatusError
 from proxy.serve import rendering
 from proxy.serve.context import Context
 from proxy.serve.rendering import Renderer
-from proxy.serve.streaming import SlowClient, cut, write_within
+from proxy.serve.streaming import Pieces, Send, SlowClient, cut, write_within
 
 logger = logging.getLogger(__name__)
-
-Send = Callable[[bytes], Awaitable[None]]
-"""A write with the slow-client deadline (``streaming.write_within``)."""
 
 
 async def wait_for_rv(ctx: Context, shape: Shape, rv: str) -> None:
@@ -60,14 +57,10 @@ async def serve_list(
         await wait_for_rv(ctx, shape, not_older_than)
     response = web.StreamResponse(status=200, headers={"Content-Type": renderer.content_type})
     try:
-        async with ctx.store.snapshot(shape, namespace=view.namespace) as snapshot:
-            send = functools.partial(
-                write_within, response, timeout=ctx.settings.slow_write_timeout
+        with ctx.admission.list_stream():
+            size = await _stream(
+                request, response, ctx=ctx, shape=shape, view=view, renderer=renderer
             )
-            if renderer.encoding is Encoding.PROTOBUF:
-                size = await _protobuf_list(request, response, send, snapshot, view, renderer)
-            else:
-                size = await _json_list(request, response, send, snapshot, view, renderer)
         await response.write_eof()
     except Exception as error:
         if not response.prepared:
@@ -76,6 +69,8 @@ async def serve_list(
         # would pass a truncated list off as complete). A client that left, or stopped
         # reading (``streaming``), is no error.
         if isinstance(error, ConnectionError | SlowClient):
+            reason = "slow" if isinstance(error, SlowClient) else "disconnected"
+            ctx.metrics.client_errors.labels(reason=reason).inc()
             logger.debug("LIST of %s: the client left or stopped reading", shape.resource)
         else:
             logger.exception("LIST of %s failed after its answer began", shape.resource)
@@ -87,6 +82,23 @@ async def serve_list(
         time.monotonic() - started
     )
     return response
+
+
+async def _stream(
+    request: web.Request,
+    response: web.StreamResponse,
+    *,
+    ctx: Context,
+    shape: Shape,
+    view: Filter,
+    renderer: Renderer,
+) -> int:
+    """The list, from one snapshot; the bytes of its body."""
+    async with ctx.store.snapshot(shape, namespace=view.namespace) as snapshot:
+        send = functools.partial(write_within, response, timeout=ctx.settings.slow_write_timeout)
+        if renderer.encoding is Encoding.PROTOBUF:
+            return await _protobuf_list(request, response, send, snapshot, view, renderer)
+        return await _json_list(request, response, send, snapshot, view, renderer)
 
 
 def _admitted(view: Filter, rows: list[Any]) -> Iterator[Any]:
@@ -107,22 +119,20 @@ async def _json_list(
     head = rendering.list_head(
         kind=renderer.list_kind, api_version=renderer.object_api_version, rv=snapshot.rv
     )
-    await send(head)
-    sent = len(head)
+    pieces = Pieces(send)
+    await pieces.add(head)
     separator = b"["
     async for rows in snapshot.rows:
-        items = [renderer.list_item(raw) for _, _, _, raw in _admitted(view, rows)]
-        if items:
-            chunk = separator + b",".join(items)
+        for _, _, _, raw in _admitted(view, rows):
+            await pieces.add(separator, renderer.list_item(raw))
             separator = b","
-            sent += len(chunk)
-            await send(chunk)
     if separator == b"[":
         tail = rendering.NO_METADATA_ITEMS if renderer.metadata_only else rendering.NO_ITEMS
     else:
         tail = rendering.LIST_TAIL
-    await send(tail)
-    return sent + len(tail)
+    await pieces.add(tail)
+    await pieces.flush()
+    return pieces.written
 
 
 async def _protobuf_list(
@@ -145,16 +155,15 @@ async def _protobuf_list(
     )
     response.content_length = len(head) + total + len(protobuf.ENVELOPE_TAIL)
     await response.prepare(request)
-    await send(head + list_meta)
-    written = len(list_meta)
+    pieces = Pieces(send)
+    await pieces.add(head, list_meta)
     async for rows in snapshot.rows:
-        chunk = b"".join(
-            protobuf.list_item(renderer.object(raw)) for _, _, _, raw in _admitted(view, rows)
-        )
-        if chunk:
-            written += len(chunk)
-            await send(chunk)
+        for _, _, _, raw in _admitted(view, rows):
+            await pieces.add(protobuf.list_item(renderer.object(raw)))
+    await pieces.flush()
+    written = pieces.written - len(head)
     if written != total:  # cannot happen: the same rows in the same transaction
         raise RuntimeError(f"protobuf list sized {total} bytes, wrote {written}")
-    await send(protobuf.ENVELOPE_TAIL)
-    return len(head) + total + len(protobuf.ENVELOPE_TAIL)
+    await pieces.add(protobuf.ENVELOPE_TAIL)
+    await pieces.flush()
+    return pieces.written

@@ -22,6 +22,7 @@ from proxy.cache.shapes import Encoding, Request
 from proxy.kube.gocompat import parse_query
 from proxy.kube.options import ListOptions, ListSemanticsKind, list_semantics, watch_start
 from proxy.kube.resources import RequestPath
+from proxy.kube.status import StatusError
 from proxy.serve import authorizing, freshness
 from proxy.serve.authorizing import Grant
 from proxy.serve.context import Context
@@ -31,7 +32,7 @@ from proxy.serve.rendering import Renderer
 from proxy.serve.watching import Watch
 from proxy.upstream import passing
 from proxy.upstream.errors import UpstreamStatusError
-from proxy.upstream.passing import Offline
+from proxy.upstream.passing import Offline, PassthroughSettings
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +52,14 @@ async def read_collection(
     # The query as the apiserver decodes it (Go's URL.Query()), not as aiohttp does: a
     # parameter with a bad escape is dropped rather than kept verbatim.
     query = parse_query(raw_query)
-    options = ListOptions.parse(query, watch_path=path.is_watch_path)
+    try:
+        options = ListOptions.parse(query, watch_path=path.is_watch_path)
+    except StatusError as invalid:
+        if invalid.code < 500:
+            raise
+        # A watch's unparsable resourceVersion is the apiserver's InternalError, which it
+        # only meets after finding the resource (404) and negotiating (406): its own answer.
+        return await pass_through(request, ctx)
     accept = request.headers.get("Accept")
     protobuf_ok = path.gvr.may_have_protobuf and path.gvr not in ctx.syncer.without_protobuf
     negotiated = negotiate(accept, single=options.is_watch, protobuf_ok=protobuf_ok)
@@ -129,14 +137,22 @@ async def read_collection(
             grant=grant,
         )
         return await watch.serve()
-    return await serve_list(
-        request,
-        ctx=ctx,
-        shape=shape,
-        view=view,
-        renderer=renderer,
-        not_older_than=not_older_than,
-    )
+    try:
+        return await serve_list(
+            request,
+            ctx=ctx,
+            shape=shape,
+            view=view,
+            renderer=renderer,
+            not_older_than=not_older_than,
+        )
+    except StatusError as behind:
+        if not behind.is_too_large_resource_version:
+            raise
+        # The cache did not reach the RV in time. A quiet shape learns the current RV only
+        # from the next bookmark (about a minute), while the apiserver asks etcd for it: the
+        # apiserver answers (at once, or with this same 504 if the RV is really ahead).
+        return await pass_through(request, ctx)
 
 
 async def pass_through(
@@ -152,4 +168,5 @@ async def pass_through(
         breaker=ctx.breaker,
         offline=offline,
         observe=functools.partial(freshness.record_write, ctx.writes),
+        settings=PassthroughSettings(slow_write_timeout=ctx.settings.slow_write_timeout),
     )

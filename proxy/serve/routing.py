@@ -18,15 +18,17 @@ from proxy.kube.gocompat import valid_escapes
 from proxy.kube.resources import RequestPath
 from proxy.kube.status import StatusError
 from proxy.metrics import Metrics
-from proxy.serve import authenticating, health
+from proxy.serve import authenticating, connections, health, limiting
 from proxy.serve.context import Context
 from proxy.serve.offline import offline_get
 from proxy.serve.reading import pass_through, read_collection
+from proxy.serve.streaming import cut
 from proxy.upstream.passing import status_response
 
 logger = logging.getLogger(__name__)
 
 CONTEXT: web.AppKey[Context] = web.AppKey("context", Context)
+METRICS: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
 
 
 _BARE = "warmwatch.bare"
@@ -58,16 +60,45 @@ async def apiserver_headers(request: web.Request, response: web.StreamResponse) 
 
 @web.middleware
 async def statuses(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Turn failures into Status answers (or ERROR events once a watch has started)."""
+    """Turn failures into Status answers (or ERROR events once a watch has started).
+
+    A client's own fault is no failure of ours: a request over a limit gets the apiserver's
+    429; a client that left or stopped reading (``connections.client_fault``) is counted and
+    its connection cut — never a traceback, never a 500 written into a closed or half-sent
+    stream."""
+    metrics = request.app.get(METRICS)
     try:
         return await handler(request)
     except StatusError as error:
         return status_response(error)
+    except limiting.LimitReached as reached:
+        if metrics is not None:
+            metrics.rejected.labels(limit=reached.limit).inc()
+        return limiting.too_many_requests()
     except web.HTTPException:
         raise
     except Exception as error:
-        logger.exception("%s %s failed", request.method, request.path_qs)
-        return status_response(StatusError.internal_error(error))
+        reason = connections.client_fault(error)
+        if reason is None:
+            logger.exception("%s %s failed", request.method, request.path)
+            return status_response(StatusError.internal_error(error))
+        if metrics is not None:
+            metrics.client_errors.labels(reason=reason).inc()
+        logger.debug("client error: %s (%s)", reason, type(error).__name__)
+        cut(request)
+        response = web.Response(status=499)  # never sent: the connection is gone
+        response.force_close()
+        return response
+
+
+@web.middleware
+async def watch_limits(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A watch holds a slot of ``--max-watches`` and of its client's ``--max-client-watches``
+    while it runs (cached or passed through)."""
+    if request.method != "GET" or not limiting.is_watch(request):
+        return await handler(request)
+    with request.app[CONTEXT].admission.watch(limiting.client_of(request)):
+        return await handler(request)
 
 
 async def handle(request: web.Request) -> web.StreamResponse:
@@ -92,13 +123,16 @@ def api_app(
 ) -> web.Application:
     app = web.Application(
         middlewares=[
+            connections.middleware,
             request_target,
             statuses,
             authenticating.middleware(auth, guard=guard, tokens=tokens),
+            watch_limits,
         ],
         client_max_size=64 * 1024 * 1024,
     )
     app[CONTEXT] = ctx
+    app[METRICS] = ctx.metrics
     app.on_response_prepare.append(apiserver_headers)
     app.router.add_route("*", "/{tail:.*}", handle)
     return app
@@ -117,7 +151,7 @@ def health_app(*, metrics: Metrics, ready: Callable[[], tuple[bool, str]]) -> we
             request, check=ready if request.path.startswith("/readyz") else health.alive
         )
 
-    app = web.Application()
+    app = web.Application(middlewares=[connections.middleware])
     app.router.add_get("/metrics", exposition)
     for endpoint in health.ENDPOINTS:
         app.router.add_get(endpoint, probe)

@@ -5,16 +5,30 @@ data for that long is cut with a TCP reset: it must not hold a cache reader and 
 snapshot (which keeps the SQLite write-ahead log from being checkpointed), a task or memory
 for as long as it likes. A cut watch resumes from its last resourceVersion out of the log; a
 cut LIST is visibly incomplete, and the client lists again.
+
+Answers are written in pieces of about :data:`PIECE` bytes (:class:`Pieces`): a write
+returns once the transport's buffer is below its high-water mark, so what a client that stopped
+reading pins in memory is one piece and that buffer, not a whole batch of rows or events.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import socket
-import struct
+from collections.abc import Awaitable, Callable
+from typing import Final
 
 from aiohttp import web
+
+from proxy.upstream.forwarding import cut
+
+__all__ = ["PIECE", "Pieces", "Send", "SlowClient", "cut", "write_within"]
+
+PIECE: Final = 64 * 1024
+"""Bytes gathered into one write: the size of the transport's high-water mark, so a write
+blocks with about one piece beyond it."""
+
+Send = Callable[[bytes], Awaitable[None]]
+"""A write with the slow-client deadline (:func:`write_within`)."""
 
 
 class SlowClient(Exception):
@@ -24,23 +38,34 @@ class SlowClient(Exception):
 async def write_within(response: web.StreamResponse, data: bytes, *, timeout: float) -> None:
     """``response.write(data)``, or :class:`SlowClient` after ``timeout``."""
     try:
-        await asyncio.wait_for(response.write(data), timeout)
+        async with asyncio.timeout(timeout):
+            await response.write(data)
     except TimeoutError:
         raise SlowClient from None
 
 
-def cut(request: web.BaseRequest) -> None:
-    """Close the connection now, discarding what the client has not read (a TCP reset).
+class Pieces:
+    """Bytes gathered into writes of about :data:`PIECE` bytes."""
 
-    ``close()`` would first wait for the client to read our buffer, and even ``abort()`` leaves
-    the kernel holding the connection open until the client reads what the socket still has:
-    a client that stopped reading would keep it forever.
-    """
-    transport = request.transport
-    if transport is None:
-        return
-    sock = transport.get_extra_info("socket")
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    transport.abort()
+    def __init__(self, send: Send) -> None:
+        self.send = send
+        self.written = 0
+        self._parts: list[bytes] = []
+        self._size = 0
+
+    async def add(self, *parts: bytes) -> None:
+        for part in parts:
+            self._parts.append(part)
+            self._size += len(part)
+        if self._size >= PIECE:
+            await self.flush()
+
+    async def flush(self) -> None:
+        """Write what is gathered (nothing when nothing is)."""
+        if not self._parts:
+            return
+        data = b"".join(self._parts)
+        self._parts.clear()
+        self._size = 0
+        self.written += len(data)
+        await self.send(data)

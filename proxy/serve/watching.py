@@ -29,7 +29,7 @@ from proxy.serve.authorizing import Grant
 from proxy.serve.context import Context
 from proxy.serve.listing import wait_for_rv
 from proxy.serve.rendering import Renderer
-from proxy.serve.streaming import SlowClient, cut, write_within
+from proxy.serve.streaming import Pieces, SlowClient, cut, write_within
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +76,8 @@ class Watch:
         self.cursor = 0
         self.position_rv = ""
         """RV of the newest log entry this watcher has passed (sent or filtered out)."""
+        self._stream_slot = contextlib.ExitStack()
+        """The ``--max-list-streams`` slot, held while the initial state is streamed."""
 
     # -- writing -----------------------------------------------------------------------------
 
@@ -94,7 +96,15 @@ class Watch:
     # -- the stream --------------------------------------------------------------------------
 
     async def serve(self) -> web.StreamResponse:
-        await self.response.prepare(self.request)
+        # The initial state is a cache snapshot: its slot (``--max-list-streams``) is taken
+        # before the answer begins, so that over the limit the answer is still a 429.
+        if self.start.kind is WatchStartKind.INITIAL_STATE:
+            self._stream_slot.enter_context(self.ctx.admission.list_stream())
+        try:
+            await self.response.prepare(self.request)
+        except BaseException:
+            self._stream_slot.close()
+            raise
         resource = self.shape.resource
         self.ctx.metrics.watchers.labels(resource=resource).inc()
         try:
@@ -109,7 +119,10 @@ class Watch:
             await self._error(
                 StatusError.expired("the watch fell behind the retained event log; relist")
             )
-        except (SlowClient, ConnectionError):
+        except (SlowClient, ConnectionError) as error:
+            reason = "slow" if isinstance(error, SlowClient) else "disconnected"
+            self.ctx.metrics.client_errors.labels(reason=reason).inc()
+            logger.debug("watch of %s: the client left or stopped reading", resource)
             cut(self.request)  # the client resumes from its last RV
         except Exception as error:
             # The stream has begun: a failure (a reader error) can only end it, with an ERROR
@@ -117,6 +130,7 @@ class Watch:
             logger.exception("watch of %s failed", resource)
             await self._error(StatusError.internal_error(error))
         finally:
+            self._stream_slot.close()
             self.ctx.metrics.watchers.labels(resource=resource).dec()
         return self.response
 
@@ -145,20 +159,21 @@ class Watch:
         if start.kind is WatchStartKind.FROM_NOW:
             self.cursor, self.position_rv = self.shape.log.last_seq, self.shape.rv or ""
             return True
-        async with self.ctx.store.snapshot(self.shape, namespace=self.view.namespace) as snap:
-            self.cursor, self.position_rv = snap.last_seq, snap.rv
-            async for rows in snap.rows:
-                frames = [
-                    self.renderer.event(ChangeType.ADDED, raw)
-                    for namespace, name, labels, raw in rows
-                    if self.view.is_everything
-                    or self.view.admits(namespace=namespace, name=name, labels=labels)
-                ]
-                if frames:
-                    await self._write(b"".join(frames))
-                    self.ctx.metrics.events_out.labels(resource=self.shape.resource).inc(
-                        len(frames)
-                    )
+        with self._stream_slot:
+            async with self.ctx.store.snapshot(self.shape, namespace=self.view.namespace) as snap:
+                self.cursor, self.position_rv = snap.last_seq, snap.rv
+                pieces = Pieces(self._write)
+                events_out = self.ctx.metrics.events_out.labels(resource=self.shape.resource)
+                async for rows in snap.rows:
+                    sent = 0
+                    for namespace, name, labels, raw in rows:
+                        if self.view.is_everything or self.view.admits(
+                            namespace=namespace, name=name, labels=labels
+                        ):
+                            await pieces.add(self.renderer.event(ChangeType.ADDED, raw))
+                            sent += 1
+                    events_out.inc(sent)
+                await pieces.flush()
         if start.initial_events_end_bookmark:
             await self._bookmark(initial_events_end=True)
         return True
@@ -201,19 +216,24 @@ class Watch:
                     return
                 next_recheck = time.monotonic() + recheck
             records = await self.ctx.store.read_events(
-                self.shape, after=self.cursor, limit=settings.event_batch
+                self.shape,
+                after=self.cursor,
+                limit=settings.event_batch,
+                max_bytes=settings.event_batch_bytes,
             )
             if records:
-                frames = []
+                pieces = Pieces(self._write)
+                frames = 0
                 for record in records:
                     event = self.view.event_for(record)
                     if event is not None:
-                        frames.append(self.renderer.event(event[0], event[1]))
+                        await pieces.add(self.renderer.event(event[0], event[1]))
+                        frames += 1
                     self.cursor, self.position_rv = record.seq, record.rv
+                await pieces.flush()
                 if frames:
-                    await self._write(b"".join(frames))
                     metrics = self.ctx.metrics
-                    metrics.events_out.labels(resource=resource).inc(len(frames))
+                    metrics.events_out.labels(resource=resource).inc(frames)
                     # Commit to written, for the newest of the batch (the oldest lag more).
                     lag = time.time() - records[-1].at
                     metrics.event_delivery_lag.labels(resource=resource).observe(max(lag, 0.0))

@@ -34,6 +34,8 @@ import asyncio
 import contextlib
 import logging
 import math
+import socket
+import struct
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -89,6 +91,11 @@ class PassthroughSettings:
     """Answers to writes up to this size are kept for the write observer (read your writes
     needs the written resourceVersion). An object is at most ~1.5 MiB (etcd's request
     limit), so only answers that are not one object are larger."""
+
+    slow_write_timeout: float = 30.0
+    """A client that accepts no write of the answer for this long is disconnected (as the
+    cache's LISTs and watches, ``--watch-write-timeout``): it must not hold an upstream
+    connection and a buffered chunk for as long as it likes."""
 
     client_check_interval: float = 1.0
     """How often a long-running passthrough checks that its client is still connected. aiohttp
@@ -179,7 +186,13 @@ def count(upstream: Upstream, verb: str, code: int | str) -> None:
 
 
 class _ClientGone(Exception):
-    """The client disconnected while its answer was streamed (not an upstream failure)."""
+    """The client disconnected, or stopped reading, while its answer was streamed (not an
+    upstream failure)."""
+
+    def __init__(self, message: str, *, reason: str = "disconnected") -> None:
+        super().__init__(message)
+        self.reason = reason
+        """A ``warmwatch_client_errors_total`` reason: disconnected or slow."""
 
 
 class Collector:
@@ -268,7 +281,13 @@ async def forward(
                 await response.prepare(request)
             except ConnectionError as error:
                 raise _ClientGone(str(error)) from error
-            pump = _pump(upstream_response, response, collector, counted)
+            pump = _pump(
+                upstream_response,
+                response,
+                collector,
+                counted,
+                timeout=settings.slow_write_timeout,
+            )
             if long_running:
                 await _until_client_leaves(request, pump, settings=settings)
             else:
@@ -281,11 +300,12 @@ async def forward(
             raise
         # Headers are out: a Status is no longer possible. Make the cut visible.
         logger.info("Passthrough %s %s cut by the apiserver side: %s", verb, request.path, error)
-        _abort(request)
+        cut(request)
         return response
-    except _ClientGone:
-        logger.debug("Passthrough %s %s: client disconnected", verb, request.path)
-        _abort(request)
+    except _ClientGone as gone:
+        upstream.metrics.client_errors.labels(reason=gone.reason).inc()
+        logger.debug("Passthrough %s %s: client %s", verb, request.path, gone.reason)
+        cut(request)
         assert response is not None  # raised only once the answer has begun
         return response
 
@@ -295,13 +315,19 @@ async def _pump(
     sink: web.StreamResponse,
     collector: Collector | None,
     counted: Callable[[int], None] | None,
+    *,
+    timeout: float,
 ) -> None:
-    """Copy the body as it arrives: every chunk is written to the client at once."""
+    """Copy the body as it arrives: every chunk is written to the client at once, within
+    ``timeout`` (a client that stops reading is given up)."""
     async for chunk in source.content.iter_any():
         if counted is not None:
             counted(len(chunk))
         try:
-            await sink.write(chunk)
+            async with asyncio.timeout(timeout):
+                await sink.write(chunk)
+        except TimeoutError:
+            raise _ClientGone("stopped reading", reason="slow") from None
         except ConnectionError as error:
             # aiohttp raises ClientConnectionResetError, which is also an aiohttp
             # ClientError: re-raised as is, it would pass for an upstream failure.
@@ -338,7 +364,18 @@ async def _until_client_leaves(
                 await task
 
 
-def _abort(request: web.BaseRequest) -> None:
+def cut(request: web.BaseRequest) -> None:
+    """Close the client's connection now, discarding what it has not read (a TCP reset).
+
+    ``close()`` would first wait for the client to read our buffer, and even ``abort()`` leaves
+    the kernel holding the connection open until the client reads what the socket still has:
+    a client that stopped reading would keep it forever.
+    """
     transport = request.transport
-    if transport is not None:
-        transport.abort()
+    if transport is None:
+        return
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()

@@ -32,7 +32,7 @@ from proxy.kube.resources import GroupVersionResource
 from proxy.metrics import Metrics
 from proxy.upstream.connecting import Upstream
 from proxy.upstream.errors import UpstreamStatusError
-from proxy.upstream.reflecting import FillState, Reflector, ReflectorSettings
+from proxy.upstream.reflecting import Ending, FillState, Reflector, ReflectorSettings
 from proxy.upstream.resilience import Backoff, BackoffSettings, CircuitBreaker, ListLimiter
 
 logger = logging.getLogger(__name__)
@@ -61,6 +61,11 @@ class SyncSettings:
     """Retry delays of each reflector, and of its supervisor between restarts."""
     maintenance_interval: float = 60.0
     """How often log retention, unused-shape dropping and size metrics run."""
+    refused_for: float = 60.0
+    """A collection whose first list the apiserver refused (a resource that does not exist, a
+    field selector it does not support, no permission) is not learned again for this long:
+    its requests pass through at once. Without it every such request — a typo repeated by a
+    controller's retries, or a hostile client — costs an upstream list and a warning."""
 
 
 class Syncer:
@@ -86,6 +91,8 @@ class Syncer:
         self._tasks: dict[ShapeKey, asyncio.Task[None]] = {}
         self._maintenance: asyncio.Task[None] | None = None
         self.configured: list[ShapeKey] = []
+        self._refused: dict[ShapeKey, float] = {}
+        """Learned shapes whose first list was refused, and when (``refused_for``)."""
         self.without_protobuf: set[GroupVersionResource] = set()
         """Resources whose apiserver answered a protobuf list in JSON (custom resources in a
         ``*.k8s.io`` group): their clients are served from JSON shapes."""
@@ -149,6 +156,8 @@ class Syncer:
                 refusal = reflector.fill.refusal
                 if refusal is not None and refusal.code == 406:
                     self.without_protobuf.add(shape.key.gvr)
+                if ending is Ending.REFUSED and not shape.configured:
+                    self._note_refused(shape.key)
                 try:
                     await self._forget(shape, reason=reason)
                     if not shape.configured:
@@ -159,6 +168,16 @@ class Syncer:
             self.metrics.reflector_restarts.labels(resource=shape.resource, reason=reason).inc()
             await asyncio.sleep(backoff.next_delay())
             reflector = self._reflector(shape)
+
+    def _recently_refused(self, key: ShapeKey) -> bool:
+        at = self._refused.get(key)
+        return at is not None and time.monotonic() - at < self.settings.refused_for
+
+    def _note_refused(self, key: ShapeKey) -> None:
+        now = time.monotonic()
+        for old in [k for k, at in self._refused.items() if now - at >= self.settings.refused_for]:
+            del self._refused[old]
+        self._refused[key] = now
 
     def _ended(self, key: ShapeKey, task: asyncio.Task[None]) -> None:
         if self._tasks.get(key) is task:
@@ -181,8 +200,11 @@ class Syncer:
 
     async def learn(self, key: ShapeKey) -> Shape | None:
         """The shape ``key``, learned now if new; None when ``max_shapes`` learned shapes
-        exist already (the request is passed through: ``warmwatch_shape_limit_total``)."""
+        exist already (the request is passed through: ``warmwatch_shape_limit_total``) or its
+        first list was refused within ``refused_for`` (passed through too)."""
         shape = self.store.shapes.get(key)
+        if shape is None and self._recently_refused(key):
+            return None
         if shape is None:
             learned = sum(1 for s in self.store.shapes.values() if not s.configured)
             if learned >= self.settings.max_shapes:

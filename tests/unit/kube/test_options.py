@@ -528,6 +528,10 @@ def test_decoded_continue_token() -> None:
             "resourceVersion=7&resourceVersionMatch=Exact",
             ListSemantics(kind=ListSemanticsKind.EXACT, resource_version="7"),
         ),
+        (  # "00" passes validation and is read as 0 (found by fuzzing): passed through
+            "resourceVersion=00&resourceVersionMatch=Exact",
+            ListSemantics(kind=ListSemanticsKind.EXACT, resource_version="0"),
+        ),
         (
             f"continue={TOKEN}&limit=50",
             ListSemantics(

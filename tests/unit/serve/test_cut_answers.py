@@ -23,12 +23,14 @@ from proxy.metrics import Metrics
 from proxy.serve import routing
 from proxy.serve.authenticating import ClientAuth
 from proxy.serve.context import Context, ServeSettings
+from proxy.serve.limiting import Admission, Limits
 
 CM = GroupVersionResource.parse("v1/configmaps")
 
 
 @pytest.fixture
-async def server(tmp_path: Path) -> Any:
+async def server(tmp_path: Path, request: pytest.FixtureRequest) -> Any:
+    limits = getattr(request, "param", Limits())
     # One reader only: a LIST that held it for good would block every other read.
     store = await Store.open(StoreSettings(path=tmp_path / "c.db", readers=1))
     shape = await store.ensure_shape(ShapeKey.of(CM), configured=True)
@@ -61,6 +63,7 @@ async def server(tmp_path: Path) -> Any:
         breaker=cast(Any, None),
         ready=lambda: (True, "ok"),
         writes=RecentWrites(),
+        admission=Admission(limits),
     )
     runner = web.AppRunner(routing.api_app(ctx, auth=ClientAuth(mode="none")))
     await runner.setup()
@@ -112,5 +115,48 @@ async def test_a_client_that_stops_reading_a_list_is_cut_and_frees_its_reader(
         assert whole.startswith(b"HTTP/1.1 200") and whole.endswith(b"]}\n\r\n0\r\n\r\n")
         assert "stopped reading" in caplog.text
         assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    finally:
+        writer.close()
+
+
+async def head_of(port: int, path: str) -> tuple[bytes, asyncio.StreamWriter]:
+    """Send a GET and read its status line and headers; the connection stays open."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+    return await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5), writer
+
+
+@pytest.mark.parametrize("server", [Limits(max_watches=2, max_client_watches=2)], indirect=True)
+async def test_watches_over_the_limit_get_the_apiservers_429(server: int) -> None:
+    watch = "/api/v1/configmaps?watch=1&resourceVersion=5000"
+    held = [await head_of(server, watch) for _ in range(2)]
+    assert all(head.startswith(b"HTTP/1.1 200") for head, _ in held)
+    refused = await fetch(server, watch)
+    assert refused.startswith(b"HTTP/1.1 429")
+    assert b"Retry-After: 1\r\n" in refused
+    assert refused.endswith(b"Too many requests, please try again later.\n")
+    held[0][1].close()
+    await asyncio.sleep(5.5)  # an idle watch notices its client left within idle_check (5 s)
+    head, writer = await head_of(server, watch)
+    assert head.startswith(b"HTTP/1.1 200")
+    writer.close()
+    held[1][1].close()
+
+
+@pytest.mark.parametrize("server", [Limits(max_list_streams=1)], indirect=True)
+async def test_list_streams_over_the_limit_get_429_until_the_stalled_one_is_cut(
+    server: int,
+) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", server)
+    writer.write(b"GET /api/v1/configmaps HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    assert (await reader.read(2000)).startswith(b"HTTP/1.1 200")  # then it stops reading
+    try:
+        refused = await fetch(server, "/api/v1/configmaps")
+        assert refused.startswith(b"HTTP/1.1 429")
+        refused = await fetch(server, "/api/v1/configmaps?watch=1")  # initial state: a stream
+        assert refused.startswith(b"HTTP/1.1 429")
+        await asyncio.sleep(1.5)  # cut after the write deadline (0.5 s)
+        whole = await asyncio.wait_for(fetch(server, "/api/v1/configmaps"), 10)
+        assert whole.startswith(b"HTTP/1.1 200") and whole.endswith(b"]}\n\r\n0\r\n\r\n")
     finally:
         writer.close()

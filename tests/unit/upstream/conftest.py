@@ -70,6 +70,7 @@ class FakeApiserver:
         app = web.Application()
         app.router.add_route("*", "/echo{tail:.*}", self.echo)
         app.router.add_get("/slow", self.slow)
+        app.router.add_get("/big", self.big)
         app.router.add_get("/cut", self.cut)
         app.router.add_get("/sleep", self.sleep)
         app.router.add_get("/api/v1/namespaces/default/configmaps", self.configmaps)
@@ -143,6 +144,16 @@ class FakeApiserver:
         response.headers["X-Hop-Named"] = "drop-me"
         response.headers["Connection"] = "X-Hop-Named"
         response.headers["X-End-To-End"] = "kept"
+        return response
+
+    async def big(self, request: web.Request) -> web.StreamResponse:
+        """32 MiB in 64 KiB chunks: a large LIST."""
+        response = web.StreamResponse()
+        response.content_type = "application/json"
+        await response.prepare(request)
+        for _ in range(512):
+            await response.write(b"x" * 65536)
+        await response.write_eof()
         return response
 
     async def slow(self, request: web.Request) -> web.StreamResponse:

@@ -4,6 +4,7 @@ credential modes, WebSocket relay, discovery cache, unreachable apiserver."""
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -16,6 +17,7 @@ from proxy.metrics import Metrics
 from proxy.upstream.connecting import ConnectionSettings, Upstream, connect
 from proxy.upstream.errors import UpstreamUnavailable
 from proxy.upstream.passing import (
+    PassthroughSettings,
     discovery_key,
     is_discovery_path,
     is_long_running,
@@ -152,6 +154,34 @@ async def test_binary_response_is_passed_as_is(
 
 
 # ----------------------------------------------------------------------------- streaming
+
+
+async def test_a_client_that_stops_reading_is_cut_after_the_write_deadline(
+    upstream: Upstream,
+) -> None:
+    """A passed-through answer to a client that stopped reading must not hold the upstream
+    connection and a buffered chunk for as long as the client likes."""
+    proxy = await start_proxy(
+        upstream, credentials="sidecar", settings=PassthroughSettings(slow_write_timeout=0.5)
+    )
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    loop = asyncio.get_running_loop()
+    try:
+        await loop.sock_connect(sock, ("127.0.0.1", proxy.served.port))
+        await loop.sock_sendall(sock, b"GET /big HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        assert (await loop.sock_recv(sock, 12)).startswith(b"HTTP/1.1 200")
+        # It reads no more: cut within the deadline (and a little), not after 32 MiB.
+        for _ in range(50):
+            if sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] != 1:  # ESTABLISHED
+                break
+            await asyncio.sleep(0.1)
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] != 1
+        assert upstream.metrics.value("warmwatch_client_errors_total", {"reason": "slow"}) == 1
+    finally:
+        sock.close()
+        await proxy.served.stop()
 
 
 async def test_first_chunk_arrives_before_the_upstream_ends(

@@ -10,6 +10,7 @@ pin down the mechanisms in milliseconds.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator
@@ -250,6 +251,12 @@ async def test_a_refused_learned_shape_is_dropped_and_its_client_told(world: Any
     assert metrics.value(
         "warmwatch_shapes_dropped_total", {"resource": "v1/configmaps", "reason": "refused"}
     )
+    # Not learned again for a while: its requests pass through without an upstream list
+    # each (a hostile or mistaken client repeating them).
+    assert await syncer.learn(key("secret")) is None
+    assert key("secret") not in store.shapes
+    syncer.settings = dataclasses.replace(syncer.settings, refused_for=0.0)
+    assert await syncer.learn(key("secret")) is not None
 
 
 async def test_a_failed_reflector_is_restarted_and_counted(

@@ -1,0 +1,61 @@
+"""The limit flags (``proxy/__main__.py``) reach the settings, also from the environment."""
+
+from __future__ import annotations
+
+import resource
+
+import pytest
+
+from proxy.__main__ import parser, raise_open_files_limit, settings_from
+from proxy.serve.limiting import Limits
+
+
+def test_defaults_are_the_documented_ones() -> None:
+    settings = settings_from(parser().parse_args([]))
+    assert settings.limits == Limits()
+    assert settings.limits.max_header_bytes == 1 << 20  # the apiserver's MaxHeaderBytes
+    assert settings.limits.header_timeout == 32.0  # its ReadHeaderTimeout
+    assert settings.limits.idle_timeout == 90.0  # its IdleTimeout
+    # A reader for each LIST stream, and 4 for short reads.
+    assert settings.store_settings().readers == Limits().max_list_streams + 4
+
+
+def test_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WARMWATCH_MAX_CLIENT_WATCHES", "7")
+    monkeypatch.setenv("WARMWATCH_HEADER_TIMEOUT", "2.5")
+    args = parser().parse_args(
+        [
+            "--max-connections=10",
+            "--max-watches=9",
+            "--max-list-streams=3",
+            "--idle-timeout=5",
+            "--max-header-bytes=4096",
+        ]
+    )
+    settings = settings_from(args)
+    assert settings.limits == Limits(
+        max_connections=10,
+        max_watches=9,
+        max_client_watches=7,
+        max_list_streams=3,
+        header_timeout=2.5,
+        idle_timeout=5.0,
+        max_header_bytes=4096,
+    )
+    assert settings.store_settings().readers == 7
+
+
+def test_a_limit_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="--max-watches must be positive"):
+        settings_from(parser().parse_args(["--max-watches=0"]))
+
+
+def test_the_open_files_limit_is_raised_to_the_hard_one() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, hard), hard))
+        raise_open_files_limit()
+        raised, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        assert raised == (hard if hard != resource.RLIM_INFINITY else 1 << 20)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
