@@ -22,7 +22,8 @@ from aiohttp import web
 from proxy.cache.filtering import Filter
 from proxy.cache.reading import LogTrimmed, TooNew
 from proxy.cache.records import ChangeType
-from proxy.cache.store import Shape
+from proxy.cache.store import Shape, Snapshot
+from proxy.kube import versions
 from proxy.kube.options import ListOptions, WatchStart, WatchStartKind
 from proxy.kube.status import StatusError
 from proxy.serve.authorizing import Grant
@@ -78,6 +79,8 @@ class Watch:
         """RV of the newest log entry this watcher has passed (sent or filtered out)."""
         self._stream_slot = contextlib.ExitStack()
         """The ``--max-list-streams`` slot, held while the initial state is streamed."""
+        self._snapshot: Snapshot | None = None
+        """The initial state, from :meth:`_begin` until :meth:`_send_initial` sent it."""
 
     # -- writing -----------------------------------------------------------------------------
 
@@ -96,47 +99,67 @@ class Watch:
     # -- the stream --------------------------------------------------------------------------
 
     async def serve(self) -> web.StreamResponse:
-        # The initial state is a cache snapshot: its slot (``--max-list-streams``) is taken
-        # before the answer begins, so that over the limit the answer is still a 429.
+        """Fix where the watch starts, then stream.
+
+        The start (a log position, or the snapshot of the initial state) is fixed *before*
+        the answer begins, as the apiserver establishes its watcher before it writes the
+        headers: a write that lands after a client saw the headers is an event of its watch,
+        never part of its initial state. Failing to start is an ordinary Status answer; a
+        failure after the answer began is an ERROR event, then the end.
+        """
+        # The initial state's slot (``--max-list-streams``) is taken before the answer
+        # begins, so that over the limit the answer is still a 429.
         if self.start.kind is WatchStartKind.INITIAL_STATE:
             self._stream_slot.enter_context(self.ctx.admission.list_stream())
-        try:
+        async with contextlib.AsyncExitStack() as initial:
+            initial.callback(self._stream_slot.close)
+            failed: StatusError | None = None
+            try:
+                started = await self._begin(initial, wait=False)
+            except StatusError as error:
+                # As the apiserver's watch cache: a watch that cannot start (a resourceVersion
+                # too old for the log) is established anyway and ends with the ERROR event.
+                started, failed = False, error
             await self.response.prepare(self.request)
-        except BaseException:
-            self._stream_slot.close()
-            raise
-        resource = self.shape.resource
-        self.ctx.metrics.watchers.labels(resource=resource).inc()
-        try:
-            if await self._begin():
-                await self._follow()
-            if self.options.allow_watch_bookmarks and self.position_rv and not self.revoked:
-                await self._bookmark()  # at the deadline: the client resumes from a fresh RV
-            await self.response.write_eof()
-        except StatusError as error:
-            await self._error(error)
-        except LogTrimmed:
-            await self._error(
-                StatusError.expired("the watch fell behind the retained event log; relist")
-            )
-        except (SlowClient, ConnectionError) as error:
-            reason = "slow" if isinstance(error, SlowClient) else "disconnected"
-            self.ctx.metrics.client_errors.labels(reason=reason).inc()
-            logger.debug("watch of %s: the client left or stopped reading", resource)
-            cut(self.request)  # the client resumes from its last RV
-        except Exception as error:
-            # The stream has begun: a failure (a reader error) can only end it, with an ERROR
-            # event as the apiserver's watch does, never with a second response.
-            logger.exception("watch of %s failed", resource)
-            await self._error(StatusError.internal_error(error))
-        finally:
-            self._stream_slot.close()
-            self.ctx.metrics.watchers.labels(resource=resource).dec()
+            resource = self.shape.resource
+            self.ctx.metrics.watchers.labels(resource=resource).inc()
+            try:
+                if failed is not None:
+                    raise failed
+                if started is None:  # the cache has not reached the RV: wait, answer begun
+                    started = await self._begin(initial, wait=True)
+                if started:
+                    await self._send_initial(initial)
+                    await self._follow()
+                if self.options.allow_watch_bookmarks and self.position_rv and not self.revoked:
+                    await self._bookmark()  # at the deadline: the client resumes from a fresh RV
+                await self.response.write_eof()
+            except StatusError as error:
+                await self._error(error)
+            except LogTrimmed:
+                await self._error(
+                    StatusError.expired("the watch fell behind the retained event log; relist")
+                )
+            except (SlowClient, ConnectionError) as error:
+                reason = "slow" if isinstance(error, SlowClient) else "disconnected"
+                self.ctx.metrics.client_errors.labels(reason=reason).inc()
+                logger.debug("watch of %s: the client left or stopped reading", resource)
+                cut(self.request)  # the client resumes from its last RV
+            except Exception as error:
+                # The stream has begun: a failure (a reader error) can only end it, with an
+                # ERROR event as the apiserver's watch does, never with a second response.
+                logger.exception("watch of %s failed", resource)
+                await self._error(StatusError.internal_error(error))
+            finally:
+                self.ctx.metrics.watchers.labels(resource=resource).dec()
         return self.response
 
-    async def _begin(self) -> bool:
-        """Position the cursor; send the initial state where the request asks for it.
+    async def _begin(self, initial: contextlib.AsyncExitStack, *, wait: bool) -> bool | None:
+        """Position the cursor; for an initial state, open its snapshot (held by ``initial``
+        until :meth:`_send_initial` has sent it).
 
+        Without ``wait`` (before the answer begins) None when the cache has not reached the
+        requested RV yet: the apiserver too answers such a watch at once and waits inside it.
         False when the watch ended before it could start (its deadline passed while it waited
         for the cache to reach its RV)."""
         start = self.start
@@ -150,33 +173,46 @@ class Watch:
                 except TooNew:
                     # As the apiserver's watch cache: no error, the watch waits for the RV and
                     # then sends what follows it.
+                    if not wait:
+                        return None
                     if not await self._wait_idle(seen):
                         return False
             self.position_rv = start.resource_version
             return True
         if start.resource_version is not None:
+            reached = versions.compare(self.shape.rv or "", start.resource_version) in (0, 1)
+            if not wait and not reached:
+                return None
             await wait_for_rv(self.ctx, self.shape, start.resource_version)
         if start.kind is WatchStartKind.FROM_NOW:
             self.cursor, self.position_rv = self.shape.log.last_seq, self.shape.rv or ""
             return True
-        with self._stream_slot:
-            async with self.ctx.store.snapshot(self.shape, namespace=self.view.namespace) as snap:
-                self.cursor, self.position_rv = snap.last_seq, snap.rv
-                pieces = Pieces(self._write)
-                events_out = self.ctx.metrics.events_out.labels(resource=self.shape.resource)
-                async for rows in snap.rows:
-                    sent = 0
-                    for namespace, name, labels, raw in rows:
-                        if self.view.is_everything or self.view.admits(
-                            namespace=namespace, name=name, labels=labels
-                        ):
-                            await pieces.add(self.renderer.event(ChangeType.ADDED, raw))
-                            sent += 1
-                    events_out.inc(sent)
-                await pieces.flush()
-        if start.initial_events_end_bookmark:
-            await self._bookmark(initial_events_end=True)
+        self._snapshot = await initial.enter_async_context(
+            self.ctx.store.snapshot(self.shape, namespace=self.view.namespace)
+        )
+        self.cursor, self.position_rv = self._snapshot.last_seq, self._snapshot.rv
         return True
+
+    async def _send_initial(self, initial: contextlib.AsyncExitStack) -> None:
+        """The initial state (when the watch has one) as ADDED events, then its snapshot and
+        slot are given back; then the initial-events-end bookmark where it is asked for."""
+        snapshot, self._snapshot = self._snapshot, None
+        if snapshot is not None:
+            pieces = Pieces(self._write)
+            events_out = self.ctx.metrics.events_out.labels(resource=self.shape.resource)
+            async for rows in snapshot.rows:
+                sent = 0
+                for namespace, name, labels, raw in rows:
+                    if self.view.is_everything or self.view.admits(
+                        namespace=namespace, name=name, labels=labels
+                    ):
+                        await pieces.add(self.renderer.event(ChangeType.ADDED, raw))
+                        sent += 1
+                events_out.inc(sent)
+            await pieces.flush()
+        await initial.aclose()
+        if self.start.initial_events_end_bookmark:
+            await self._bookmark(initial_events_end=True)
 
     async def _wait_idle(self, seq: int) -> bool:
         """Wait for log entries after ``seq`` (at most ``idle_check``); False when the watch
