@@ -31,6 +31,7 @@ from proxy.serve.negotiating import Representation, negotiate
 from proxy.serve.rendering import Renderer
 from proxy.serve.watching import Watch
 from proxy.upstream import passing
+from proxy.upstream.delegating import Delegation
 from proxy.upstream.errors import UpstreamStatusError
 from proxy.upstream.passing import Offline, PassthroughSettings
 
@@ -165,8 +166,27 @@ async def pass_through(
         credentials=ctx.credentials,
         discovery=ctx.discovery,
         copies=ctx.discovery_copies,
+        discovery_offline=(
+            None
+            if ctx.delegation is None
+            else functools.partial(authenticated_offline, delegation=ctx.delegation)
+        ),
         breaker=ctx.breaker,
         offline=offline,
         observe=functools.partial(freshness.record_write, ctx.writes),
         settings=PassthroughSettings(slow_write_timeout=ctx.settings.slow_write_timeout),
     )
+
+
+async def authenticated_offline(request: web.BaseRequest, *, delegation: Delegation) -> None:
+    """``--client-auth delegated``, the apiserver unreachable: a stored discovery document
+    is answered to a client whose token was accepted within the offline window (discovery is
+    readable by every authenticated user: ``system:discovery``), and refused otherwise, as
+    every other decision that cannot be made then."""
+    token = authorizing.bearer_token(request)
+    if token is None or authorizing.impersonates(request):
+        raise StatusError.service_unavailable(
+            "the apiserver is unreachable: this request cannot be authenticated now",
+            retry_after_seconds=1,
+        )
+    await delegation.authenticate(token)

@@ -24,12 +24,13 @@ import asyncio
 import logging
 import time
 import urllib.parse
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Final, Protocol
+from typing import Final, Protocol, TypeAlias
 
 from aiohttp import web
 
+from proxy.kube.status import StatusError
 from proxy.upstream.connecting import Credentials, Upstream
 from proxy.upstream.errors import UpstreamUnavailable
 from proxy.upstream.forwarding import (
@@ -39,6 +40,7 @@ from proxy.upstream.forwarding import (
     forward,
     forwarded_request_headers,
     forwarded_response_headers,
+    status_response,
     unavailable,
 )
 from proxy.upstream.resilience import BreakerState, CircuitBreaker
@@ -70,6 +72,10 @@ class CachedDocument:
     without those describing one delivery (Date, Content-Length, Audit-Id)."""
     body: bytes
     etag: str | None
+
+
+Admit: TypeAlias = Callable[[web.BaseRequest], Awaitable[None]]
+"""Whether a request may be answered: returns, or raises the StatusError to answer."""
 
 
 class DiscoveryCache(Protocol):
@@ -259,6 +265,7 @@ async def serve_discovery(
     breaker: CircuitBreaker | None,
     settings: PassthroughSettings,
     copies: DiscoveryCopies | None = None,
+    admit_offline: Admit | None = None,
 ) -> web.StreamResponse:
     """Answer a discovery GET from a confirmed copy (``copies``, see the module docstring), or
     forward it (with the client's If-None-Match) and store a 200 answer; serve the stored
@@ -292,6 +299,12 @@ async def serve_discovery(
         if document is None:
             count(upstream, "GET", "error")
             return unavailable(error)
+        if admit_offline is not None:
+            try:
+                await admit_offline(request)
+            except StatusError as refused:
+                count(upstream, "GET", refused.code)
+                return status_response(refused)
         logger.info("apiserver unreachable (%s); serving %s from the discovery cache", error, key)
         upstream.metrics.discovery_answers.labels(source="stored").inc()
         cached = _serve_cached(request, document)

@@ -28,6 +28,7 @@ from proxy.kube.resources import RequestPath
 from proxy.kube.status import StatusError
 from proxy.upstream.connecting import Credentials, Upstream
 from proxy.upstream.discovering import (
+    Admit,
     CachedDocument,
     DiscoveryCache,
     DiscoveryCopies,
@@ -87,6 +88,7 @@ async def pass_through(
     credentials: Credentials,
     discovery: DiscoveryCache | None = None,
     copies: DiscoveryCopies | None = None,
+    discovery_offline: Admit | None = None,
     breaker: CircuitBreaker | None = None,
     offline: Offline | None = None,
     observe: WriteObserver | None = None,
@@ -96,7 +98,9 @@ async def pass_through(
 
     ``discovery``: where discovery GETs are stored and, when the apiserver is unreachable,
     served from; None disables that. ``copies``: which stored documents may be answered
-    without asking the apiserver (``discovering``); None: none. ``breaker``: while it is open, the apiserver counts as
+    without asking the apiserver (``discovering``); None: none. ``discovery_offline``: who
+    may be answered a stored document while the apiserver is unreachable (None: anyone).
+    ``breaker``: while it is open, the apiserver counts as
     unreachable without a try. ``offline``: the answer when the apiserver is unreachable;
     by default (and when nothing is cached) a 503 ServiceUnavailable Status with
     ``Retry-After``. ``observe``: told of each successful write (see WriteObserver).
@@ -109,6 +113,7 @@ async def pass_through(
             credentials=credentials,
             discovery=discovery,
             copies=copies,
+            discovery_offline=discovery_offline,
             breaker=breaker,
             offline=offline,
             observe=observe,
@@ -129,6 +134,7 @@ async def _dispatch(
     credentials: Credentials,
     discovery: DiscoveryCache | None,
     copies: DiscoveryCopies | None,
+    discovery_offline: Admit | None,
     breaker: CircuitBreaker | None,
     offline: Offline | None,
     observe: WriteObserver | None,
@@ -158,6 +164,7 @@ async def _dispatch(
             breaker=breaker,
             settings=settings,
             copies=copies,
+            admit_offline=discovery_offline,
         )
     started = time.monotonic()
     listed = _listed_resource(request) if verb == "GET" else None

@@ -24,6 +24,7 @@ from aiohttp import web
 from loadtest import pki as pki_module
 from proxy.metrics import Metrics
 from proxy.upstream.connecting import ConnectionSettings, Upstream, connect
+from proxy.upstream.discovering import Admit
 from proxy.upstream.passing import (
     CachedDocument,
     DiscoveryCopies,
@@ -495,6 +496,7 @@ async def start_proxy(
     breaker: CircuitBreaker | None = None,
     offline: Offline | None = None,
     copies: DiscoveryCopies | None = None,
+    discovery_offline: Admit | None = None,
 ) -> Proxy:
     cache = discovery if discovery is not None else MemoryDiscoveryCache()
 
@@ -505,6 +507,7 @@ async def start_proxy(
             credentials=credentials,  # type: ignore[arg-type]
             discovery=cache,
             copies=copies,
+            discovery_offline=discovery_offline,
             breaker=breaker,
             offline=offline,
             settings=settings,

@@ -7,8 +7,11 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import aiohttp
+import orjson
 import pytest
+from aiohttp import web
 
+from proxy.kube.status import StatusError
 from proxy.metrics import Metrics
 from proxy.upstream.connecting import Upstream
 from proxy.upstream.discovering import (
@@ -231,3 +234,30 @@ async def test_keep_confirmed_keeps_remembered_copies_fresh(
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_offline_copies_only_for_admitted_clients(
+    apiserver: Served, upstream: Upstream, session: aiohttp.ClientSession
+) -> None:
+    """``--client-auth delegated``: while the apiserver is unreachable a stored document is
+    answered only to a client the admission check lets through."""
+
+    async def admit(request: web.BaseRequest) -> None:
+        if request.headers.get("Authorization") != "Bearer known":
+            raise StatusError.service_unavailable("cannot be authenticated now")
+
+    proxy = await start_proxy(upstream, credentials="client", discovery_offline=admit)
+    try:
+        url = f"{proxy.url}/apis"
+        async with session.get(url, headers={"Authorization": "Bearer known"}) as response:
+            assert response.status == 200
+        await apiserver.stop()
+        async with session.get(url, headers={"Authorization": "Bearer known"}) as response:
+            assert response.status == 200
+            assert orjson.loads(await response.read())["kind"] == "APIGroupList"
+        for headers in ({}, {"Authorization": "Bearer other"}):
+            async with session.get(url, headers=headers) as response:
+                assert response.status == 503
+                assert orjson.loads(await response.read())["kind"] == "Status"
+    finally:
+        await proxy.served.stop()
