@@ -132,8 +132,9 @@ class FillLog:
     when the total is known, the estimated time left; at most one line per ``interval``.
 
     The total is known from a paginated LIST's ``remainingItemCount``, or expected from the
-    objects the shape held before (a relist). A WatchList announces no total: its lines give
-    the count and rate only.
+    objects the shape held before (a relist). A WatchList announces no total: a cold one long
+    enough for a first line asks for it (``Reflector._count_ahead``), so from its second line
+    on the time left is estimated too.
     """
 
     def __init__(
@@ -236,6 +237,8 @@ class Reflector:
         self.lists = 0
         """Upstream lists made by this reflector (fills and relists)."""
         self._fill_log = FillLog(resource=self.resource, expected=None)
+        self._counting: asyncio.Task[None] | None = None
+        """The fill's ``_count_ahead`` while it runs (owned: cancelled when the list ends)."""
 
     @property
     def resource(self) -> str:
@@ -330,8 +333,33 @@ class Reflector:
                         raise  # (a released slot: the fill was done, this is the watch)
                     logger.info("%s: WatchList refused (%s); using LIST", self.resource, error)
                     self.watch_list = False
+                finally:
+                    if self._counting is not None:
+                        self._counting.cancel()
+                        await asyncio.gather(self._counting, return_exceptions=True)
+                        self._counting = None
             await self._paginated_list(slot)
             self._observe_list(started, "list")
+
+    async def _count_ahead(self) -> None:
+        """A cold WatchList announces no total: once it has run long enough for a progress
+        line, one ``limit=1`` LIST beside it (answered by etcd with ``remainingItemCount``:
+        one object and a count) tells the fill log how many to expect, so its later lines
+        estimate the time left. Best effort: any failure only leaves the estimate out."""
+        params = _params(self.shape, limit="1")
+        try:
+            async with self.upstream.request(
+                "GET", (self.path, params), headers={"Accept": self.codec.accept}, verb="LIST"
+            ) as response:
+                if response.status != 200:
+                    return
+                body = await response.read()
+            page = self.codec.page(body)
+        except (UpstreamError, ValueError) as error:
+            logger.debug("%s: no total for the fill log: %s", self.resource, error)
+            return
+        if page.remaining is not None and self._fill_log.expected is None:
+            self._fill_log.expected = len(page.changes) + page.remaining
 
     def _progressed(self, slot: ListSlot) -> None:
         slot.progress()
@@ -437,7 +465,12 @@ class Reflector:
                     await self._apply(events)
                     continue
                 self._progressed(slot)
-                self._fill_log.add(sum(1 for event in events if event.type == "ADDED"))
+                line = self._fill_log.add(sum(1 for event in events if event.type == "ADDED"))
+                if line is not None and self._fill_log.expected is None and not self._counting:
+                    # A fill long enough for a progress line: learn its total for the next.
+                    self._counting = asyncio.create_task(
+                        self._count_ahead(), name=f"counting {self.resource}"
+                    )
                 for index, event in enumerate(events):
                     if event.type == "ADDED" and event.change is not None:
                         kind, api_version = event.kind or kind, event.api_version or api_version

@@ -127,6 +127,7 @@ class Scripted:
             metadata: dict[str, Any] = {"resourceVersion": str(self.list_rv)}
             if start + limit < len(self.objects):
                 metadata["continue"] = str(start + limit)
+                metadata["remainingItemCount"] = len(self.objects) - start - limit
             items = [{k: v for k, v in o.items() if k not in ("kind", "apiVersion")} for o in page]
             return web.json_response(
                 {"kind": "ConfigMapList", "apiVersion": "v1", "metadata": metadata, "items": items}
@@ -396,3 +397,17 @@ async def test_a_watch_that_fails_after_a_relist_resumes_instead_of_relisting(
 
     await run_until(worker, lambda: len(kinds()) >= 4)
     assert kinds()[:4] == ["WATCHLIST", "WATCH", "WATCHLIST", "WATCH"]
+
+
+async def test_a_long_cold_watch_list_learns_its_total_for_the_fill_log(
+    served: tuple[Scripted, Upstream, Store, Metrics],
+) -> None:
+    """A WatchList announces no total; a ``limit=1`` LIST (etcd's ``remainingItemCount``)
+    gives the fill log one, so its lines can estimate the time left."""
+    scripted, upstream, store, metrics = served
+    scripted.objects = [cm(f"o{i}", i + 1) for i in range(7)]
+    worker = reflector(await shape_for(store), store, upstream, metrics)
+    assert worker._fill_log.expected is None
+    await worker._count_ahead()
+    assert scripted.list_limits == ["1"]
+    assert worker._fill_log.expected == 7
