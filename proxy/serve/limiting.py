@@ -16,10 +16,11 @@ Connections and the time and size of request headers are bounded below HTTP
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Final
 
@@ -59,6 +60,13 @@ class Limits:
     answer (at most ``--watch-write-timeout`` when it stops reading); the cache keeps this many
     readers plus 4 for short reads, so a watch resume or a quick LIST never waits behind
     clients that stopped reading."""
+    list_stream_wait: float = 5.0
+    """How long a LIST or initial state waits for a free snapshot slot before its 429. A
+    controller starts its informers all at once (kube-controller-manager about 60): most
+    collections are small and their slots come free within milliseconds, so the burst queues,
+    as the apiserver's priority and fairness queues requests, instead of being sent away for
+    client-go's one-second retry. Only slots held for longer — by clients that stopped
+    reading — turn requests away."""
     header_timeout: float = 32.0
     """Seconds a connection may take to send a request's headers (slowloris). The
     kube-apiserver's ``ReadHeaderTimeout`` (32 s, "just shy of requestTimeoutUpperBound")."""
@@ -132,6 +140,7 @@ class Admission:
         self.watches = 0
         self.client_watches: Counter[str] = Counter()
         self.list_streams = 0
+        self._stream_slots = asyncio.Semaphore(limits.max_list_streams)
 
     @contextmanager
     def watch(self, client: str) -> Iterator[None]:
@@ -150,14 +159,19 @@ class Admission:
             if not self.client_watches[client]:
                 del self.client_watches[client]
 
-    @contextmanager
-    def list_stream(self) -> Iterator[None]:
-        """Hold one of the cache snapshots streamed at once; :class:`LimitReached` when none
-        is free."""
-        if self.list_streams >= self.limits.max_list_streams:
-            raise LimitReached("list_streams")
+    @asynccontextmanager
+    async def list_stream(self) -> AsyncIterator[None]:
+        """Hold one of the cache snapshots streamed at once, waiting for one at most
+        ``list_stream_wait``; :class:`LimitReached` when none came free (FIFO: the
+        semaphore's waiters are served in order)."""
+        try:
+            async with asyncio.timeout(self.limits.list_stream_wait):
+                await self._stream_slots.acquire()
+        except TimeoutError:
+            raise LimitReached("list_streams") from None
         self.list_streams += 1
         try:
             yield
         finally:
             self.list_streams -= 1
+            self._stream_slots.release()

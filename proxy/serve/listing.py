@@ -57,7 +57,7 @@ async def serve_list(
         await wait_for_rv(ctx, shape, not_older_than)
     response = web.StreamResponse(status=200, headers={"Content-Type": renderer.content_type})
     try:
-        with ctx.admission.list_stream():
+        async with ctx.admission.list_stream():
             size = await _stream(
                 request, response, ctx=ctx, shape=shape, view=view, renderer=renderer
             )

@@ -77,8 +77,6 @@ class Watch:
         self.cursor = 0
         self.position_rv = ""
         """RV of the newest log entry this watcher has passed (sent or filtered out)."""
-        self._stream_slot = contextlib.ExitStack()
-        """The ``--max-list-streams`` slot, held while the initial state is streamed."""
         self._snapshot: Snapshot | None = None
         """The initial state, from :meth:`_begin` until :meth:`_send_initial` sent it."""
 
@@ -107,12 +105,11 @@ class Watch:
         never part of its initial state. Failing to start is an ordinary Status answer; a
         failure after the answer began is an ERROR event, then the end.
         """
-        # The initial state's slot (``--max-list-streams``) is taken before the answer
-        # begins, so that over the limit the answer is still a 429.
-        if self.start.kind is WatchStartKind.INITIAL_STATE:
-            self._stream_slot.enter_context(self.ctx.admission.list_stream())
         async with contextlib.AsyncExitStack() as initial:
-            initial.callback(self._stream_slot.close)
+            # The initial state's slot (``--max-list-streams``) is taken before the answer
+            # begins, so that over the limit the answer is still a 429.
+            if self.start.kind is WatchStartKind.INITIAL_STATE:
+                await initial.enter_async_context(self.ctx.admission.list_stream())
             failed: StatusError | None = None
             try:
                 started = await self._begin(initial, wait=False)

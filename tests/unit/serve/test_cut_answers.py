@@ -143,7 +143,9 @@ async def test_watches_over_the_limit_get_the_apiservers_429(server: int) -> Non
     held[1][1].close()
 
 
-@pytest.mark.parametrize("server", [Limits(max_list_streams=1)], indirect=True)
+@pytest.mark.parametrize(
+    "server", [Limits(max_list_streams=1, list_stream_wait=0.1)], indirect=True
+)
 async def test_list_streams_over_the_limit_get_429_until_the_stalled_one_is_cut(
     server: int,
 ) -> None:
@@ -156,6 +158,20 @@ async def test_list_streams_over_the_limit_get_429_until_the_stalled_one_is_cut(
         refused = await fetch(server, "/api/v1/configmaps?watch=1")  # initial state: a stream
         assert refused.startswith(b"HTTP/1.1 429")
         await asyncio.sleep(1.5)  # cut after the write deadline (0.5 s)
+        whole = await asyncio.wait_for(fetch(server, "/api/v1/configmaps"), 10)
+        assert whole.startswith(b"HTTP/1.1 200") and whole.endswith(b"]}\n\r\n0\r\n\r\n")
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize("server", [Limits(max_list_streams=1, list_stream_wait=5)], indirect=True)
+async def test_a_list_waits_for_a_slot_a_stalled_stream_gives_back(server: int) -> None:
+    """Within ``list_stream_wait`` a LIST queues for a slot instead of a 429: here the slot
+    comes free when the stalled client is cut at its write deadline (0.5 s)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", server)
+    writer.write(b"GET /api/v1/configmaps HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    assert (await reader.read(2000)).startswith(b"HTTP/1.1 200")  # then it stops reading
+    try:
         whole = await asyncio.wait_for(fetch(server, "/api/v1/configmaps"), 10)
         assert whole.startswith(b"HTTP/1.1 200") and whole.endswith(b"]}\n\r\n0\r\n\r\n")
     finally:

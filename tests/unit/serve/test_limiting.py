@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from aiohttp.test_utils import make_mocked_request
 
@@ -37,14 +39,34 @@ def test_watches_are_bounded_in_total_and_per_client() -> None:
     assert not admission.client_watches  # no entry kept for a client without watches
 
 
-def test_list_streams_are_bounded_and_released_on_failure() -> None:
-    admission = Admission(Limits(max_list_streams=1))
-    with pytest.raises(RuntimeError), admission.list_stream():
-        raise RuntimeError("the stream failed")
-    with admission.list_stream():
+async def test_list_streams_are_bounded_and_released_on_failure() -> None:
+    admission = Admission(Limits(max_list_streams=1, list_stream_wait=0.05))
+    with pytest.raises(RuntimeError):
+        async with admission.list_stream():
+            raise RuntimeError("the stream failed")
+    async with admission.list_stream():
         with pytest.raises(LimitReached) as reached:
-            admission.list_stream().__enter__()
+            async with admission.list_stream():
+                pass
         assert reached.value.limit == "list_streams"
+    assert admission.list_streams == 0
+
+
+async def test_a_burst_of_list_streams_queues_for_the_slots() -> None:
+    """A controller starting its informers at once: more streams than slots, each short;
+    all are served in turn, none turned away."""
+    admission = Admission(Limits(max_list_streams=2, list_stream_wait=5.0))
+    served: list[int] = []
+
+    async def stream(i: int) -> None:
+        async with admission.list_stream():
+            assert admission.list_streams <= 2
+            await asyncio.sleep(0.01)
+            served.append(i)
+
+    await asyncio.gather(*(stream(i) for i in range(10)))
+    assert sorted(served) == list(range(10))
+    assert served[:2] == [0, 1]  # in order of arrival
 
 
 def test_the_answer_is_maxinflights() -> None:
