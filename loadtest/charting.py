@@ -16,6 +16,7 @@ display needed).
 from __future__ import annotations
 
 import statistics
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -98,7 +99,8 @@ def _sync_panel(axis: Any, samples: Samples, size: int) -> None:
             xs, heights, width, label=CONDITION_LABELS[condition], color=COLORS[condition]
         )
         axis.bar_label(bars, fmt="%.2g", fontsize=7, padding=1)
-    axis.set_xticks(range(len(kinds)), [k.replace(", ", ",\n") for k in kinds], fontsize=8)
+    labels = [textwrap.fill(kind, width=16) for kind in kinds]
+    axis.set_xticks(range(len(kinds)), labels, fontsize=8)
     axis.set_ylabel("seconds until the informer is synced")
     axis.set_title(f"Time to synced, {size:,} objects")
     axis.legend(fontsize=8)

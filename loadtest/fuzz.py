@@ -62,6 +62,11 @@ SIDECAR_FLAGS = ("--header-timeout=5",)
 """A short header deadline, so that truncated headers are closed within the case timeout."""
 
 CASE_TIMEOUT = 15.0
+MAX_ANSWER_BYTES = 64 << 20
+"""What a case keeps of its answers: pipelined answers are found by their status lines in it,
+so it must hold a whole LIST before the next answer (a cluster-wide LIST of what the other
+suites left is several MiB; a cap of 1 MiB here once dropped the answers after it and
+reported them as a hang)."""
 STATUS_LINE = re.compile(rb"HTTP/1\.[01] (\d{3})[^\r\n]*\r\n")
 
 
@@ -515,7 +520,7 @@ async def exchange(
             if not chunk:
                 closed = True
                 break
-            if len(buffer) < 1 << 20:
+            if len(buffer) < MAX_ANSWER_BYTES:
                 buffer += chunk
     except (OSError, ssl.SSLError, TimeoutError):
         closed = True
