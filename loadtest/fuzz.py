@@ -53,10 +53,8 @@ SHAPES = (
     "v1/services",
 )
 """Cached from the start; requests for other collections are learned or passed through. The
-cluster-wide ConfigMaps are among them: in a shared test cluster they are as many as the
-other suites left, and a request that learns them waits for their cold fill (as long as it
-progresses), which on a busy machine can outlast ``CASE_TIMEOUT`` without anything hanging;
-every cluster-wide selector variant is then served by that one shape."""
+cluster-wide ConfigMaps among them: every cluster-wide selector variant is then served by that
+one shape rather than learning a shape of its own."""
 
 SIDECAR_FLAGS = ("--header-timeout=5",)
 """A short header deadline, so that truncated headers are closed within the case timeout."""
