@@ -43,6 +43,20 @@ def _env(name: str, default: str | None = None) -> str | None:
     return os.environ.get(f"WARMWATCH_{name.upper().replace('-', '_')}", default)
 
 
+def _number(
+    p: argparse.ArgumentParser,
+    flag: str,
+    *,
+    kind: type[int] | type[float],
+    default: float,
+    help: str,
+) -> None:
+    """A numeric flag whose default is ``WARMWATCH_<FLAG>``, else ``default`` (an empty
+    variable reads as 0, which the settings refuse where a value must be positive)."""
+    value = _env(flag.removeprefix("--"), str(default)) or 0
+    p.add_argument(flag, type=kind, default=kind(value), help=help)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="warmwatch", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -157,50 +171,57 @@ def parser() -> argparse.ArgumentParser:
         "this many seconds (kept confirmed in the background); 0: always ask the apiserver",
     )
     limits = Limits()
-    p.add_argument(
+    _number(
+        p,
         "--max-connections",
-        type=int,
-        default=int(_env("max-connections", str(limits.max_connections)) or 0),
+        kind=int,
+        default=limits.max_connections,
         help="open client connections; over it a connection gets 429 and is closed "
         f"(default {limits.max_connections})",
     )
-    p.add_argument(
+    _number(
+        p,
         "--max-watches",
-        type=int,
-        default=int(_env("max-watches", str(limits.max_watches)) or 0),
+        kind=int,
+        default=limits.max_watches,
         help=f"watches at once, cached or passed through (default {limits.max_watches})",
     )
-    p.add_argument(
+    _number(
+        p,
         "--max-client-watches",
-        type=int,
-        default=int(_env("max-client-watches", str(limits.max_client_watches)) or 0),
+        kind=int,
+        default=limits.max_client_watches,
         help="watches of one client: remote address and credentials "
         f"(default {limits.max_client_watches})",
     )
-    p.add_argument(
+    _number(
+        p,
         "--max-list-streams",
-        type=int,
-        default=int(_env("max-list-streams", str(limits.max_list_streams)) or 0),
+        kind=int,
+        default=limits.max_list_streams,
         help="LISTs (and initial watch states) streamed from the cache at once "
         f"(default {limits.max_list_streams})",
     )
-    p.add_argument(
+    _number(
+        p,
         "--header-timeout",
-        type=float,
-        default=float(_env("header-timeout", str(limits.header_timeout)) or 0),
+        kind=float,
+        default=limits.header_timeout,
         help="close a connection whose request headers took longer than this "
         f"(default {limits.header_timeout:g} s, the apiserver's)",
     )
-    p.add_argument(
+    _number(
+        p,
         "--idle-timeout",
-        type=float,
-        default=float(_env("idle-timeout", str(limits.idle_timeout)) or 0),
+        kind=float,
+        default=limits.idle_timeout,
         help=f"close an idle keep-alive connection after this (default {limits.idle_timeout:g} s)",
     )
-    p.add_argument(
+    _number(
+        p,
         "--max-header-bytes",
-        type=int,
-        default=int(_env("max-header-bytes", str(limits.max_header_bytes)) or 0),
+        kind=int,
+        default=limits.max_header_bytes,
         help="request line and headers at most; over it 431 "
         f"(default {limits.max_header_bytes}, the apiserver's)",
     )

@@ -265,23 +265,37 @@ def present(
     connection: sqlite3.Connection, *, shape_id: int, keys: Sequence[tuple[str, str]]
 ) -> tuple[tuple[str, str], ...]:
     """Which of ``keys`` (namespace, name) the shape's objects hold now (one read)."""
-    found: list[tuple[str, str]] = []
     connection.execute("BEGIN")
     try:
-        for start in range(0, len(keys), 400):  # SQLite's bound-parameter limit
-            chunk = keys[start : start + 400]
-            values = ",".join("(?, ?)" for _ in chunk)
-            found += [
-                (str(ns), str(name))
-                for ns, name in connection.execute(
-                    f"SELECT namespace, name FROM objects WHERE gen = {_GEN} AND "
-                    f"(namespace, name) IN (VALUES {values})",
-                    (shape_id, *(part for key in chunk for part in key)),
-                )
-            ]
+        rows = rows_for_keys(
+            connection, columns="namespace, name", gen=_GEN, param=shape_id, keys=keys
+        )
+        return tuple((str(ns), str(name)) for ns, name in rows)
     finally:
         connection.execute("COMMIT")
-    return tuple(found)
+
+
+def rows_for_keys(
+    connection: sqlite3.Connection,
+    *,
+    columns: str,
+    gen: str,
+    param: int,
+    keys: Sequence[tuple[str, str]],
+) -> list[Any]:
+    """``columns`` of the objects of generation ``gen`` (an SQL expression of the one
+    parameter ``param``) whose (namespace, name) is among ``keys``, asked in chunks that
+    stay under SQLite's bound-parameter limit."""
+    found: list[Any] = []
+    for start in range(0, len(keys), 400):
+        chunk = keys[start : start + 400]
+        values = ",".join("(?, ?)" for _ in chunk)
+        found += connection.execute(
+            f"SELECT {columns} FROM objects WHERE gen = {gen} AND "
+            f"(namespace, name) IN (VALUES {values})",
+            (param, *(part for key in chunk for part in key)),
+        ).fetchall()
+    return found
 
 
 def object_counts(connection: sqlite3.Connection) -> dict[int, int]:

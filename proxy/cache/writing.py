@@ -340,17 +340,10 @@ def _held_versions(
     connection: sqlite3.Connection, gen: int, keys: list[tuple[str, str]]
 ) -> dict[tuple[str, str], tuple[str, str]]:
     """(resourceVersion, uid) of those of ``keys`` the generation holds."""
-    held: dict[tuple[str, str], tuple[str, str]] = {}
-    for start in range(0, len(keys), 400):  # SQLite's bound-parameter limit
-        chunk = keys[start : start + 400]
-        values = ",".join("(?, ?)" for _ in chunk)
-        for namespace, name, rv, uid in connection.execute(
-            f"SELECT namespace, name, rv, uid FROM objects WHERE gen = ? AND "
-            f"(namespace, name) IN (VALUES {values})",
-            (gen, *(part for key in chunk for part in key)),
-        ):
-            held[(namespace, name)] = (rv, uid)
-    return held
+    rows = reading.rows_for_keys(
+        connection, columns="namespace, name, rv, uid", gen="?", param=gen, keys=keys
+    )
+    return {(namespace, name): (rv, uid) for namespace, name, rv, uid in rows}
 
 
 def finish_fill(
