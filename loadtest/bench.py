@@ -16,7 +16,8 @@ Client kinds on fast and slow links (``--clients``)::
 
     python -m loadtest.bench --clients --dir /tmp/warmwatch-bench-clients \\
         [--sizes 10000,100000] [--kb 2] [--runs 1] [--out FILE] \\
-        [--link-latency-ms 25] [--link-jitter-ms 0] [--link-kb 5000]
+        [--link-latency-ms 25] [--link-jitter-ms 0] [--link-kb 5000] \\
+        [--warmwatch-only-from N]
 
 Time-to-synced of four client-go clients (tests/goclient), one informer each on ConfigMaps of
 ~KB KiB of incompressible data (base64 of random bytes, which gzip shrinks only to ~75%: the
@@ -42,6 +43,12 @@ Each under four conditions, side by side in one run, in this order for each kind
   in each direction; toxiproxy limits each TCP connection separately);
 - (d) through a warm warmwatch whose upstream kubeconfig points through that same link
   (filled through it beforehand, primed like (b)).
+
+With ``--warmwatch-only-from N``, sizes of N and more measure (b) and (d) only (the
+apiserver's own LIST of a million objects takes minutes, over the link an hour), and the
+link warmwatch starts on a copy of the local one's database, taken after every kind's first
+start (filling it over the link would take as long); it resumes its watches from the copy's
+resourceVersions over the link, like any warm restart.
 
 "Time-to-synced" is seconds from starting the program until its informer reports synced
 (discovery, LIST or WatchList, decoding: everything a restarted controller waits for);
@@ -102,6 +109,7 @@ import asyncio
 import base64
 import functools
 import http.client
+import math
 import os
 import shutil
 import sqlite3
@@ -429,6 +437,8 @@ class ClientsBench:
     notes: list[str] = field(default_factory=list)
     watch_list: set[str] = field(default_factory=set)
     started_managers: int = 0
+    warmwatch_only_from: float = math.inf
+    """Sizes from this on measure (b) and (d) only (``--warmwatch-only-from``)."""
 
     def note(self, message: str) -> None:
         if message not in self.notes:
@@ -542,40 +552,80 @@ class ClientsBench:
         if served.passthrough:
             self.note(f"({condition}) probes passed through: {served.describe()}")
 
-    def start_sidecar(self, name: str, *, upstream: Path, size: int) -> Sidecar:
+    def start_sidecar(
+        self, name: str, *, upstream: Path, size: int, copy_of: Sidecar | None = None
+    ) -> Sidecar:
+        """A warmwatch filled before any client: from scratch, or (``copy_of``, stopped)
+        started on a copy of that one's database."""
         db = self.directory / f"ww-{name}-{size}.db"
         for stale in self.directory.glob(f"ww-{name}-{size}.*"):
             stale.unlink()
         started = time.monotonic()
+        if copy_of is not None:
+            for part in self.directory.glob(f"{copy_of.db.name}*"):  # the file, its WAL
+                shutil.copyfile(part, db.with_name(db.name + part.name[len(copy_of.db.name) :]))
         sidecar = Sidecar.start(upstream_kubeconfig=upstream, db=db, resources=CLIENTS_SHAPES)
         self.fills[(size, name)] = time.monotonic() - started
+        how = f"started on a copy of {copy_of.db.name} in" if copy_of else "filled"
         _say(
-            f"warmwatch {name}: filled {size} objects twice (JSON, protobuf) in "
+            f"warmwatch {name}: {how} {size} objects twice (JSON, protobuf) in "
             f"{self.fills[(size, name)]:.1f} s; log {sidecar.log}"
         )
         return sidecar
 
     def run_size(self, size: int, *, runs: int, link_kubeconfig: Path) -> None:
         direct = self.plane.admin_kubeconfig
+        only_warmwatch = size >= self.warmwatch_only_from
+        conditions = "bd" if only_warmwatch else "abcd"
         local = self.start_sidecar("local", upstream=direct, size=size)
-        try:
-            slow = self.start_sidecar("link", upstream=link_kubeconfig, size=size)
-        except BaseException:
-            local.stop()
-            raise
+        if only_warmwatch:
+            try:  # the clients' first start, before the copy: it holds what they learned
+                for kind in CLIENT_KINDS:
+                    self.measure(
+                        kind, "b", local.kubeconfig, size=size, sidecar=local, record=False
+                    )
+            finally:
+                local.stop()
+            slow = self.start_sidecar("link", upstream=link_kubeconfig, size=size, copy_of=local)
+            local.restart()
+        else:
+            try:
+                slow = self.start_sidecar("link", upstream=link_kubeconfig, size=size)
+            except BaseException:
+                local.stop()
+                raise
+        kubeconfigs = {
+            "a": direct,
+            "b": local.kubeconfig,
+            "c": link_kubeconfig,
+            "d": slow.kubeconfig,
+        }
+        sidecars = {"b": local, "d": slow}
         try:
             self.probe(local, "b")
             self.probe(slow, "d")
-            for kind in CLIENT_KINDS:  # the clients' first start: measured runs are restarts
-                self.measure(kind, "b", local.kubeconfig, size=size, sidecar=local, record=False)
-                self.measure(kind, "d", slow.kubeconfig, size=size, sidecar=slow, record=False)
+            if not only_warmwatch:
+                for kind in CLIENT_KINDS:  # the clients' first start: measured are restarts
+                    for condition in "bd":
+                        self.measure(
+                            kind,
+                            condition,
+                            kubeconfigs[condition],
+                            size=size,
+                            sidecar=sidecars[condition],
+                            record=False,
+                        )
             for run in range(1, runs + 1):
                 _say(f"N={size}: run {run} of {runs}")
                 for kind in CLIENT_KINDS:
-                    self.measure(kind, "a", direct, size=size)
-                    self.measure(kind, "b", local.kubeconfig, size=size, sidecar=local)
-                    self.measure(kind, "c", link_kubeconfig, size=size)
-                    self.measure(kind, "d", slow.kubeconfig, size=size, sidecar=slow)
+                    for condition in conditions:
+                        self.measure(
+                            kind,
+                            condition,
+                            kubeconfigs[condition],
+                            size=size,
+                            sidecar=sidecars.get(condition),
+                        )
         finally:
             local.stop()
             slow.stop()
@@ -595,9 +645,16 @@ class ClientsBench:
         def ratio(x: float, y: float) -> str:
             return f"{x / y:.2f}x" if x == x and y == y and y > 0 else "n/a"
 
+        def seconds(value: float) -> str:
+            return f"{value:.2f}" if value == value else "—"
+
         fills = "; ".join(
             f"N={size:,}: {self.fills[(size, 'local')]:.0f} s local, "
-            f"{self.fills[(size, 'link')]:.0f} s over the link"
+            + (
+                f"{self.fills[(size, 'link')]:.0f} s on a copy of it"
+                if size >= self.warmwatch_only_from
+                else f"{self.fills[(size, 'link')]:.0f} s over the link"
+            )
             for size in sizes
             if (size, "local") in self.fills and (size, "link") in self.fills
         )
@@ -617,8 +674,8 @@ class ClientsBench:
             for kind in CLIENT_KINDS:
                 a, b, c, d = (median(kind.label, size, x) for x in CONDITIONS)
                 lines.append(
-                    f"| {kind.label} | {size:,} | {a:.2f} | {b:.2f} | {c:.2f} | {d:.2f} | "
-                    f"{ratio(b, a)} | {ratio(d, b)} | {ratio(c, d)} |"
+                    f"| {kind.label} | {size:,} | {seconds(a)} | {seconds(b)} | {seconds(c)} | "
+                    f"{seconds(d)} | {ratio(b, a)} | {ratio(d, b)} | {ratio(c, d)} |"
                 )
         if self.notes:
             lines += ["", "Notes:", *(f"- {note}" for note in self.notes)]
@@ -636,7 +693,13 @@ def clients_main(args: argparse.Namespace) -> int:
     link = toxiproxy.Link(
         latency_ms=args.link_latency_ms, jitter_ms=args.link_jitter_ms, rate_kb=args.link_kb
     )
-    bench = ClientsBench(plane=plane, directory=directory, binary=binary, link=link)
+    bench = ClientsBench(
+        plane=plane,
+        directory=directory,
+        binary=binary,
+        link=link,
+        warmwatch_only_from=args.warmwatch_only_from or math.inf,
+    )
     server = toxiproxy.Toxiproxy.start(log=directory / "toxiproxy.log")
     try:
         proxy = server.create_proxy(
@@ -1516,6 +1579,12 @@ def main(argv: list[str] | None = None) -> int:
     clients.add_argument("--link-latency-ms", type=int, default=25, help="each direction")
     clients.add_argument("--link-jitter-ms", type=int, default=0, help="each direction")
     clients.add_argument("--link-kb", type=int, default=5000, help="KB/s each direction")
+    clients.add_argument(
+        "--warmwatch-only-from",
+        type=int,
+        default=None,
+        help="sizes from this on: (b) and (d) only, the link warmwatch on a copy",
+    )
     parser.add_argument("--out", type=Path, help="also write the table to this file")
     parser.add_argument("--chart", type=Path, help="also draw the results as a PNG chart here")
     million = parser.add_argument_group("--million: the million-object bar")
