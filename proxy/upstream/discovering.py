@@ -16,6 +16,13 @@ The rule a client sees (written in the README too):
   passed through, so a controller that installs its CRD and then looks it up sees it as soon as
   the apiserver does. A CRD installed by someone else appears at most ``max_age`` late.
 - While the apiserver cannot be reached the stored document is answered, however old.
+
+The plain health checks (``/healthz``, ``/livez``, ``/readyz``, no query: what controllers
+poll before they start) follow the same rule, so a warm restart makes no round trip for them
+either: a ``200 ok`` the apiserver gave within ``max_age`` is answered again, and kept
+confirmed. Any other answer is not kept (the next check is passed through and sees it), and
+while the apiserver cannot be reached the caller's own answer (``proxy.serve.health``)
+stands, never a stored one.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from proxy.upstream.connecting import Credentials, Upstream
 from proxy.upstream.errors import UpstreamUnavailable
 from proxy.upstream.forwarding import (
     Collector,
+    Offline,
     PassthroughSettings,
     count,
     forward,
@@ -216,6 +224,12 @@ def is_discovery_path(path: str) -> bool:
     return False
 
 
+def is_plain_health_check(path: str, query: str) -> bool:
+    """``/healthz``, ``/livez`` or ``/readyz`` without a query (``?verbose``, named checks
+    and ``?exclude=`` are always passed through)."""
+    return path in ("/healthz", "/livez", "/readyz") and not query
+
+
 def discovery_key(*, path: str, query: Iterable[tuple[str, str]], accept: str) -> str:
     """``path?sorted-query|Accept``: the answer depends on exactly these (aggregated
     discovery and the openapi documents are negotiated by Accept)."""
@@ -266,10 +280,12 @@ async def serve_discovery(
     settings: PassthroughSettings,
     copies: DiscoveryCopies | None = None,
     admit_offline: Admit | None = None,
+    offline: Offline | None = None,
 ) -> web.StreamResponse:
-    """Answer a discovery GET from a confirmed copy (``copies``, see the module docstring), or
-    forward it (with the client's If-None-Match) and store a 200 answer; serve the stored
-    document when the apiserver cannot be reached."""
+    """Answer a discovery GET (or a plain health check) from a confirmed copy (``copies``, see
+    the module docstring), or forward it (with the client's If-None-Match) and store a 200
+    answer. When the apiserver cannot be reached: ``offline``'s answer if given, else the
+    stored document."""
     key = discovery_key(
         path=request.path,
         query=request.query.items(),
@@ -295,6 +311,9 @@ async def serve_discovery(
             collector=collector,
         )
     except UpstreamUnavailable as error:
+        if offline is not None:
+            count(upstream, "GET", "error")
+            return await offline(request, error)
         document = await _cached(cache, key)
         if document is None:
             count(upstream, "GET", "error")

@@ -36,9 +36,9 @@ import logging
 import math
 import socket
 import struct
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeAlias
 
 import aiohttp
 from aiohttp import web
@@ -51,6 +51,9 @@ from proxy.upstream.errors import UpstreamUnavailable
 from proxy.upstream.resilience import BreakerState, CircuitBreaker
 
 logger = logging.getLogger(__name__)
+
+Offline: TypeAlias = Callable[[web.Request, UpstreamUnavailable], Awaitable[web.StreamResponse]]
+"""A caller's own answer for when the apiserver cannot be reached."""
 
 #: RFC 9110 §7.6.1 connection-specific headers (``Proxy-*`` is matched by prefix).
 HOP_BY_HOP: Final = frozenset(

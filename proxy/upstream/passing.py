@@ -3,7 +3,8 @@
 Bodies stream both ways without buffering (a ``watch`` or ``logs -f`` passes through as it
 arrives), method, path, query and end-to-end headers are kept (``forwarding``), WebSocket
 upgrades (exec, attach, port-forward) are relayed frame by frame (``relaying``), and discovery
-documents are cached so a controller can start while the apiserver is unreachable
+documents are cached so a controller can start while the apiserver is unreachable, and
+answered from copies the apiserver confirmed lately, as are plain health checks
 (``discovering``). This module dispatches a request to them.
 
 - While the apiserver cannot be reached, the answer is a 503 with ``Retry-After: 1`` at once
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Final, TypeAlias
 
 from aiohttp import web
@@ -35,11 +36,13 @@ from proxy.upstream.discovering import (
     changes_discovery,
     discovery_key,
     is_discovery_path,
+    is_plain_health_check,
     serve_discovery,
 )
 from proxy.upstream.errors import UpstreamAuthError, UpstreamUnavailable
 from proxy.upstream.forwarding import (
     Collector,
+    Offline,
     PassthroughSettings,
     count,
     forward,
@@ -66,9 +69,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-Offline: TypeAlias = Callable[[web.Request, UpstreamUnavailable], Awaitable[web.StreamResponse]]
-"""A caller's own answer for when the apiserver cannot be reached."""
 
 WriteObserver: TypeAlias = Callable[[web.BaseRequest, CIMultiDict[str], bytes], None]
 """Told of each successful write (POST, PUT, PATCH, DELETE answered 2xx) once its answer was
@@ -155,7 +155,10 @@ async def _dispatch(
         return refused
     # Any other Upgrade (e.g. curl's h2c) is ignored, as a server may: it is hop-by-hop and
     # not forwarded, and the request proceeds as HTTP/1.1.
-    if discovery is not None and verb == "GET" and is_discovery_path(request.path):
+    kept = is_discovery_path(request.path) or is_plain_health_check(
+        request.path, request.query_string
+    )
+    if discovery is not None and verb == "GET" and kept:
         return await serve_discovery(
             request,
             upstream=upstream,
@@ -165,6 +168,7 @@ async def _dispatch(
             settings=settings,
             copies=copies,
             admit_offline=discovery_offline,
+            offline=offline,
         )
     started = time.monotonic()
     listed = _listed_resource(request) if verb == "GET" else None

@@ -65,6 +65,8 @@ class FakeApiserver:
     rejected_tokens: set[str] = field(default_factory=set)
     discovery_hits: int = 0
     discovery_version: int = 0
+    unhealthy: bool = False
+    """Set by a test: ``/healthz`` fails."""
     """Bumped by a test: the discovery documents change (body and ETag)."""
 
     def app(self) -> web.Application:
@@ -84,6 +86,7 @@ class FakeApiserver:
         app.router.add_get("/apis", self.discovery)
         app.router.add_get("/api", self.discovery)
         app.router.add_get("/gzip", self.gzip)
+        app.router.add_get("/healthz", self.healthz)
         app.router.add_post("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", self.echo)
         return app
 
@@ -299,6 +302,12 @@ class FakeApiserver:
             content_type="application/json",
             headers={"ETag": etag, "Cache-Control": "public", "Audit-Id": "a1"},
         )
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        await self.record(request)
+        if self.unhealthy:
+            return web.Response(status=500, text="[-]etcd failed: reason withheld\n")
+        return web.Response(text="ok")
 
     async def gzip(self, request: web.Request) -> web.Response:
         await self.record(request)

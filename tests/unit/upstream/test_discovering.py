@@ -171,6 +171,47 @@ async def test_a_confirmed_copy_is_answered_without_asking_the_apiserver(
         await proxy.served.stop()
 
 
+async def test_a_plain_health_check_is_answered_from_a_confirmed_copy(
+    apiserver: Served, upstream: Upstream, fake: FakeApiserver, session: aiohttp.ClientSession
+) -> None:
+    clock = Clock()
+    copies = copies_with(clock, max_age=10.0)
+
+    async def offline(request: web.Request, error: Exception) -> web.StreamResponse:
+        return web.Response(status=200, text="warmwatch's own answer")
+
+    proxy = await start_proxy(upstream, credentials="sidecar", copies=copies, offline=offline)
+    try:
+
+        def hits() -> int:
+            return sum(1 for seen in fake.seen if seen.path_qs.startswith("/healthz"))
+
+        for _ in range(2):
+            async with session.get(f"{proxy.url}/healthz") as response:
+                assert (response.status, await response.text()) == (200, "ok")
+        assert hits() == 1  # the second from the copy
+        async with session.get(f"{proxy.url}/healthz?verbose") as response:
+            assert response.status == 200
+        assert hits() == 2  # a query is always passed through
+
+        fake.unhealthy = True
+        clock.now += 11.0  # unconfirmed: asked again, and a failure is not kept
+        for expected_hits in (3, 4):
+            async with session.get(f"{proxy.url}/healthz") as response:
+                assert response.status == 500
+            assert hits() == expected_hits
+
+        fake.unhealthy = False
+        async with session.get(f"{proxy.url}/healthz") as response:
+            assert response.status == 200
+        await apiserver.stop()
+        clock.now += 11.0  # unreachable: the caller's answer, not the stored "ok"
+        async with session.get(f"{proxy.url}/healthz") as response:
+            assert await response.text() == "warmwatch's own answer"
+    finally:
+        await proxy.served.stop()
+
+
 async def test_revalidation_confirms_replaces_or_forgets(
     upstream: Upstream, fake: FakeApiserver, metrics: Metrics
 ) -> None:
