@@ -2,7 +2,7 @@
 
     python -m loadtest.fanout --dir /tmp/warmwatch-fanout [--watchers 100] [--seconds 60] \\
         [--selector-watchers 20] [--direct 5] [--writers 32] [--size 256] \\
-        [--client-procs 2] [--out FILE] [--keep]
+        [--out FILE] [--keep]
 
 One run, side by side, on a control plane of its own (loadtest/cluster.py, in DIR/cp; its
 kube-controller-manager is paused, so nothing else watches) and a warmwatch configured with
@@ -10,13 +10,18 @@ kube-controller-manager is paused, so nothing else watches) and a warmwatch conf
 
 - W watchers through warmwatch (--watchers; --selector-watchers of them with label selectors
   that objects enter and leave as their ``tier`` label changes, the others unfiltered) and
-  --direct unfiltered watchers on the apiserver, the reference. Each is one aiohttp streaming
-  watch (JSON, ``allowWatchBookmarks``, its own connection), open before the writes start;
-  the watchers run in --client-procs worker processes for warmwatch and one for the direct
-  ones, so the light reference process is not slowed by the heavy one. Each chunk read from a
-  socket is stamped with ``time.monotonic()`` (system-wide on Linux, so comparable across
-  processes) and every event in it is recorded as (resourceVersion, receive time). A watch
-  that ends early is resumed from its last RV like a client would, and counted.
+  --direct unfiltered watchers on the apiserver, the reference (TLS, the admin client
+  certificate). Each is one streaming watch (JSON, ``allowWatchBookmarks``, its own HTTP/1.1
+  connection), open before the writes start. The clients are a Go program,
+  loadtest/fanoutwatch (built and cached like tests/goclient): one process runs the warmwatch
+  watchers and another the direct ones, so the light reference is not slowed by the heavy
+  one, each watch a goroutine. Python clients parsing ~46,000 events/s were themselves the
+  bottleneck: events waited in their sockets, which counted as warmwatch's lag, and their CPU
+  was taken from warmwatch. Each read from a socket is stamped with CLOCK_MONOTONIC (the
+  clock of ``time.monotonic()``, system-wide on Linux, so comparable across processes) and
+  every event whose line it completes is recorded as (resourceVersion, receive time); of each
+  line only ``type`` and ``object.metadata.resourceVersion`` are read. A watch that ends
+  early is resumed from its last RV (event or bookmark) like a client would, and counted.
 - For --seconds, --writers concurrent writers create and update ConfigMaps of ~--size bytes in
   the namespace as fast as the apiserver takes them: 20 % creates, 80 % merge patches of a
   random existing object that set a random ``tier`` (a-d) and a new ``data.seq``, so every
@@ -43,23 +48,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import math
-import multiprocessing
 import os
 import random
 import re
 import shutil
+import subprocess
 import sys
 import time
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any, TypedDict, cast
 
 import aiohttp
 
-from loadtest import kubeapi, pki
+from loadtest import goclient, kubeapi, pki, processes
 from loadtest.cluster import ControlPlane
 from loadtest.sidecar import Sidecar
 
@@ -80,30 +86,65 @@ KNOWN_WARNING = "--client-auth none: every local caller"
 WINDOW = 10.0
 """Seconds per window of the lag-over-time figures."""
 
-EVENT = re.compile(
-    rb'"type":"([A-Z]+)","object":\{.*?"metadata":\{"name":"[^"]*".*?"resourceVersion":"(\d+)"'
-)
-"""An object event in a JSON watch line (the apiserver's field order, which warmwatch keeps:
-the stored bytes are the apiserver's). One pass over a chunk in C, not a JSON decode per line:
-the clients must cost as little as they can, they share the 2 cores with what they measure."""
+CLIENT_SOURCE = Path(__file__).resolve().parent / "fanoutwatch"
+CLIENT = "Go (loadtest/fanoutwatch)"
+"""The watch clients, named in the table: which client measured matters for the figures."""
 
 
 def _say(message: str) -> None:
     print(f"[fanout] {message}", file=sys.stderr, flush=True)
 
 
-# -- watch clients (worker processes) ---------------------------------------------------------
+# -- watch clients (loadtest/fanoutwatch, one Go process per group) ---------------------------
+
+
+def build_client() -> Path:
+    """The watch client's binary, built once per content of loadtest/fanoutwatch."""
+    return goclient.build(CLIENT_SOURCE, "fanoutwatch")
 
 
 @dataclass(frozen=True, kw_only=True)
 class GroupSpec:
-    """One worker process's watchers: where they watch, and each one's selector (None: all)."""
+    """One client process's watchers: where they watch, and each one's selector (None: all)."""
 
     name: str
     base_url: str
-    pki_dir: str | None
+    tls: pki.Pki | None
+    """The apiserver's CA and the admin client certificate; None for warmwatch (plain HTTP)."""
     selectors: list[str | None]
     timeout_seconds: int
+
+    def argv(self, binary: Path, records: Path) -> list[str]:
+        argv = [
+            str(binary),
+            f"--server={self.base_url}",
+            f"--path={PATH}",
+            f"--timeout-seconds={self.timeout_seconds}",
+            f"--records={records}",
+        ]
+        if self.tls is not None:
+            admin = self.tls.identity("admin")
+            argv += [
+                f"--ca={self.tls.ca_cert}",
+                f"--cert={admin.certificate}",
+                f"--key={admin.key}",
+            ]
+        return argv + [f"--watch={selector or ''}" for selector in self.selectors]
+
+
+class WatcherLine(TypedDict):
+    """fanoutwatch's account of one watcher (its "watcher" line); the events are in the
+    records file."""
+
+    kind: str
+    selector: str
+    events: int
+    types: dict[str, int]
+    lines: int
+    bookmarks: int
+    errors: list[str]
+    ends: int
+    last_rv: str
 
 
 @dataclass(kw_only=True)
@@ -123,148 +164,97 @@ class Received:
     last_rv: str = ""
 
 
-def _worker(spec: GroupSpec, conn: Connection) -> None:
-    """Worker process: open the watches, say "ready", record until "stop", send the records."""
-    asyncio.run(_watch_group(spec, conn))
-
-
-async def _watch_group(spec: GroupSpec, conn: Connection) -> None:
-    ssl_context = (
-        kubeapi.client_ssl(pki.Pki(directory=Path(spec.pki_dir)), identity="admin")
-        if spec.pki_dir
-        else None
-    )
-    records = [Received(group=spec.name, selector=s) for s in spec.selectors]
-    connected = [asyncio.Event() for _ in records]
-    stopping = asyncio.Event()
-    async with kubeapi.RawClient(
-        base_url=spec.base_url, ssl_context=ssl_context, concurrency=len(records) + 4
-    ) as api:
-        tasks = [
-            asyncio.create_task(_follow(api, r, c, stopping, spec.timeout_seconds))
-            for r, c in zip(records, connected, strict=True)
-        ]
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(120):
-                await asyncio.gather(*(c.wait() for c in connected))
-        conn.send(("ready", sum(c.is_set() for c in connected)))
-        await asyncio.to_thread(conn.recv)  # "stop"
-        stopping.set()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    cpu = os.times()
-    conn.send(("done", records, cpu.user + cpu.system, run_queue_wait(os.getpid())))
-    conn.close()
-
-
-async def _follow(
-    api: kubeapi.RawClient,
-    record: Received,
-    connected: asyncio.Event,
-    stopping: asyncio.Event,
-    timeout_seconds: int,
-) -> None:
-    """One watcher: watch, record every event, resume from its last RV when the stream ends."""
-    rvs, times, types = record.rvs, record.times, record.types
-    while not stopping.is_set():
-        params = {
-            "watch": "true",
-            "allowWatchBookmarks": "true",
-            "timeoutSeconds": str(timeout_seconds),
-        }
-        if record.selector:
-            params["labelSelector"] = record.selector
-        if record.last_rv:
-            params["resourceVersion"] = record.last_rv
-        try:
-            async with api.session.get(
-                PATH, params=params, headers={"Accept-Encoding": "identity"}
-            ) as response:
-                if response.status != 200:
-                    body = await response.read()
-                    record.errors.append(f"HTTP {response.status}: {body[:300]!r}")
-                    record.ends += 1
-                    await asyncio.sleep(0.5)
-                    continue
-                connected.set()
-                pending = b""
-                async for chunk in response.content.iter_any():
-                    now = time.monotonic()
-                    data = pending + chunk if pending else chunk
-                    cut = data.rfind(b"\n")
-                    if cut < 0:
-                        pending = data
-                        continue
-                    pending = data[cut + 1 :]
-                    whole = data[: cut + 1]
-                    record.lines += whole.count(b"\n")
-                    if b'"type":"BOOKMARK"' in whole:
-                        record.bookmarks += whole.count(b'"type":"BOOKMARK"')
-                    if b'"type":"ERROR"' in whole:
-                        for line in whole.splitlines():
-                            if b'"type":"ERROR"' in line:
-                                record.errors.append(line[:300].decode(errors="replace"))
-                    last = b""
-                    for match in EVENT.finditer(whole):
-                        kind, rv = match.group(1), match.group(2)
-                        rvs.append(int(rv))
-                        times.append(now)
-                        name = kind.decode()
-                        types[name] = types.get(name, 0) + 1
-                        last = rv
-                    if last:
-                        record.last_rv = last.decode()
-            if not stopping.is_set():
-                record.ends += 1
-        except asyncio.CancelledError:
-            raise
-        except (aiohttp.ClientError, OSError) as error:
-            if stopping.is_set():
-                return
-            record.errors.append(f"{type(error).__name__}: {error}")
-            record.ends += 1
-            await asyncio.sleep(0.5)
+def read_records(group: str, lines: Sequence[WatcherLine], data: bytes) -> list[Received]:
+    """The watchers of ``lines`` with their events from the records file's ``data``: per
+    watcher in order, its resourceVersions (int64), then their arrival times (float64), in the
+    machine's byte order."""
+    view = memoryview(data)
+    records = []
+    offset = 0
+    for line in lines:
+        size = line["events"] * 8
+        rvs, times = array("q"), array("d")
+        rvs.frombytes(view[offset : offset + size])
+        times.frombytes(view[offset + size : offset + 2 * size])
+        offset += 2 * size
+        records.append(
+            Received(
+                group=group,
+                selector=line["selector"] or None,
+                rvs=rvs,
+                times=times,
+                types=line["types"],
+                lines=line["lines"],
+                bookmarks=line["bookmarks"],
+                errors=line["errors"],
+                ends=line["ends"],
+                last_rv=line["last_rv"],
+            )
+        )
+    if offset != len(data):
+        raise ValueError(f"{group}: records file of {len(data)} bytes, {offset} expected")
+    return records
 
 
 @dataclass
 class Group:
     spec: GroupSpec
-    process: multiprocessing.process.BaseProcess
-    conn: Connection
+    process: subprocess.Popen[str]
+    records_file: Path
     ready: int = 0
     records: list[Received] = field(default_factory=list)
     cpu: float = 0.0
     run_wait: float = 0.0
 
 
-def start_groups(specs: Sequence[GroupSpec]) -> list[Group]:
-    context = multiprocessing.get_context("spawn")
+def _line(group: Group) -> dict[str, Any]:
+    assert group.process.stdout is not None
+    text = group.process.stdout.readline()
+    if not text:
+        raise RuntimeError(
+            f"watch group {group.spec.name}: fanoutwatch exited {group.process.wait()}"
+        )
+    line: dict[str, Any] = json.loads(text)
+    return line
+
+
+def start_groups(binary: Path, specs: Sequence[GroupSpec], directory: Path) -> list[Group]:
+    """One fanoutwatch process per group (its complaints go to stderr with the progress);
+    returns when each has its watches open, or has given up waiting for some (it waits 120 s)."""
     groups = []
     for spec in specs:
-        mine, theirs = context.Pipe()
-        process = context.Process(target=_worker, args=(spec, theirs), name=spec.name)
-        process.start()
-        theirs.close()
-        groups.append(Group(spec=spec, process=process, conn=mine))
+        records = directory / f"watch-{spec.name}.records"
+        process = subprocess.Popen(
+            spec.argv(binary, records), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        groups.append(Group(spec=spec, process=process, records_file=records))
     for group in groups:
-        if not group.conn.poll(180):
-            raise TimeoutError(f"watch group {group.spec.name} not ready")
-        _, group.ready = group.conn.recv()
+        group.ready = _line(group)["open"]
         _say(f"{group.spec.name}: {group.ready} of {len(group.spec.selectors)} watches open")
     return groups
 
 
 def stop_groups(groups: Sequence[Group]) -> None:
+    """Close every group's watches, then collect each one's records and its CPU figures
+    (read from /proc before the process exits: it waits for the end of its input)."""
     for group in groups:
-        group.conn.send("stop")
+        assert group.process.stdin is not None
+        group.process.stdin.write("stop\n")
+        group.process.stdin.flush()
     for group in groups:
-        if group.conn.poll(300):
-            _, group.records, group.cpu, group.run_wait = group.conn.recv()
-        group.process.join(30)
-        if group.process.is_alive():
-            group.process.kill()
-            group.process.join()
+        lines: list[WatcherLine] = []
+        while (line := _line(group))["kind"] != "done":
+            lines.append(cast(WatcherLine, line))
+        group.records = read_records(group.spec.name, lines, group.records_file.read_bytes())
+        group.records_file.unlink()
+        group.cpu = cpu_seconds(group.process.pid)
+        group.run_wait = run_queue_wait(group.process.pid)
+        assert group.process.stdin is not None
+        group.process.stdin.close()
+        try:
+            group.process.wait(30)
+        except subprocess.TimeoutExpired:
+            processes.kill(group.process)
 
 
 # -- writes -----------------------------------------------------------------------------------
@@ -611,8 +601,9 @@ def report(
             f"{len(via)} watchers via warmwatch ({plain} unfiltered, {len(via) - plain} with "
             f"label selectors {', '.join(f'`{s}`' for s in SELECTORS)}), {len(direct)} direct "
             f"watchers; {args.seconds:.0f} s of writes by {args.writers} concurrent writers, "
-            f"ConfigMaps of ~{args.size} B data; watch clients in {args.client_procs} + 1 "
-            f"processes; {os.cpu_count()} cores",
+            f"ConfigMaps of ~{args.size} B data; watch clients: {CLIENT}, one process for the "
+            f"watchers via warmwatch and one for the direct ones, a connection per watch; "
+            f"{os.cpu_count()} cores",
         ),
         (
             "load average (1 min): before / during (mean, max) / after",
@@ -722,32 +713,24 @@ def group_specs(args: argparse.Namespace, sidecar: Sidecar, plane: ControlPlane)
     selectors: list[str | None] = [None] * (args.watchers - args.selector_watchers)
     names = list(SELECTORS)
     selectors += [names[i % len(names)] for i in range(args.selector_watchers)]
-    procs = max(1, args.client_procs)
-    specs = [
+    return [
         GroupSpec(
-            name=f"via-{i}",
-            base_url=sidecar.url,
-            pki_dir=None,
-            selectors=selectors[i::procs],
-            timeout_seconds=timeout,
-        )
-        for i in range(procs)
-    ]
-    specs.append(
+            name="via", base_url=sidecar.url, tls=None, selectors=selectors, timeout_seconds=timeout
+        ),
         GroupSpec(
             name="direct",
             base_url=plane.server,
-            pki_dir=str(plane.pki.directory),
+            tls=plane.pki,
             selectors=[None] * args.direct,
             timeout_seconds=timeout,
-        )
-    )
-    return specs
+        ),
+    ]
 
 
 def run(args: argparse.Namespace) -> list[str]:
     directory: Path = args.dir.resolve()
     directory.mkdir(parents=True, exist_ok=True)
+    binary = build_client()
     plane = ControlPlane(directory / "cp")
     plane.up()
     plane.stop_controller_manager()  # nothing else watches or writes
@@ -765,7 +748,7 @@ def run(args: argparse.Namespace) -> list[str]:
         )
         _say(f"warmwatch ready (pid {sidecar.process.pid}, log {log})")
         idle = sample(sidecar)
-        groups = start_groups(group_specs(args, sidecar, plane))
+        groups = start_groups(binary, group_specs(args, sidecar, plane), directory)
         time.sleep(2)
         load_before = os.getloadavg()[0]
         harness_before = sum(os.times()[:2])
@@ -814,9 +797,7 @@ def run(args: argparse.Namespace) -> list[str]:
         )
     finally:
         for group in groups:
-            if group.process.is_alive():
-                group.process.kill()
-                group.process.join()
+            processes.kill(group.process)
         if sidecar is not None:
             sidecar.stop()
         if args.keep:
@@ -848,9 +829,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=60, help="of writes")
     parser.add_argument("--writers", type=int, default=32, help="concurrent writes")
     parser.add_argument("--size", type=int, default=256, help="bytes of data per ConfigMap")
-    parser.add_argument(
-        "--client-procs", type=int, default=2, help="processes for the warmwatch watchers"
-    )
     parser.add_argument("--out", type=Path, help="also write the table to this file")
     parser.add_argument("--keep", action="store_true", help="leave the control plane running")
     args = parser.parse_args(argv)

@@ -25,7 +25,8 @@ SOURCE = Path(__file__).resolve().parents[1] / "tests" / "goclient"
 
 def build(source: Path = SOURCE, name: str = "goclient") -> Path:
     """Build the Go program in ``source`` (its own module) once per content of its sources:
-    cached as ``<cache_root>/<name>-<hash>/<name>``. Also builds tests/crmanager."""
+    cached as ``<cache_root>/<name>-<hash>/<name>``. Also builds tests/crmanager and
+    loadtest/fanoutwatch."""
     digest = hashlib.sha256()
     for path in sorted(source.rglob("*")):
         if path.is_file() and path.suffix in {".go", ".mod", ".sum"}:
