@@ -603,7 +603,12 @@ def report(
             f"watchers; {args.seconds:.0f} s of writes by {args.writers} concurrent writers, "
             f"ConfigMaps of ~{args.size} B data; watch clients: {CLIENT}, one process for the "
             f"watchers via warmwatch and one for the direct ones, a connection per watch; "
-            f"{os.cpu_count()} cores",
+            f"{os.cpu_count()} cores; warmwatch's nice value "
+            + (
+                f"{args.sidecar_nice:+d} from the harness's"
+                if args.sidecar_nice
+                else "the harness's"
+            ),
         ),
         (
             "load average (1 min): before / during (mean, max) / after",
@@ -746,6 +751,8 @@ def run(args: argparse.Namespace) -> list[str]:
         sidecar = Sidecar.start(
             upstream_kubeconfig=plane.admin_kubeconfig, db=db, resources=[SHAPE]
         )
+        if args.sidecar_nice:
+            sidecar.renice(args.sidecar_nice)
         _say(f"warmwatch ready (pid {sidecar.process.pid}, log {log})")
         idle = sample(sidecar)
         groups = start_groups(binary, group_specs(args, sidecar, plane), directory)
@@ -829,6 +836,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=60, help="of writes")
     parser.add_argument("--writers", type=int, default=32, help="concurrent writes")
     parser.add_argument("--size", type=int, default=256, help="bytes of data per ConfigMap")
+    parser.add_argument(
+        "--sidecar-nice",
+        type=int,
+        default=0,
+        help="added to warmwatch's nice value (e.g. -10: it gets a CPU first, as a sidecar "
+        "with a CPU request of its own would; the harness, apiserver and clients keep theirs)",
+    )
     parser.add_argument("--out", type=Path, help="also write the table to this file")
     parser.add_argument("--keep", action="store_true", help="leave the control plane running")
     args = parser.parse_args(argv)
