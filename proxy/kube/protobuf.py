@@ -17,6 +17,7 @@ length-delimited (2) and 32-bit (5). Malformed input raises :class:`ProtobufErro
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -220,6 +221,8 @@ def watch_event(message: bytes | memoryview) -> tuple[str, memoryview]:
 
 
 def varint(value: int) -> bytes:
+    if value < 0x80:  # tags, and the lengths of most strings: one byte
+        return _BYTES[value]
     out = bytearray()
     while True:
         byte = value & 0x7F
@@ -229,6 +232,9 @@ def varint(value: int) -> bytes:
         else:
             out.append(byte)
             return bytes(out)
+
+
+_BYTES = tuple(bytes((i,)) for i in range(0x80))
 
 
 def delimited(number: int, payload: bytes | memoryview) -> bytes:
@@ -249,17 +255,24 @@ ENVELOPE_TAIL = b"\x1a\x00\x22\x00"
 """``runtime.Unknown``'s empty contentEncoding (3) and contentType (4), after ``raw``."""
 
 
+@functools.lru_cache(maxsize=256)
+def _envelope_start(api_version: str, kind: str) -> bytes:
+    """Prefix and ``runtime.Unknown`` up to the tag of its ``raw``: the same for every
+    object of a kind (computed once: envelopes are written for every watch event)."""
+    type_meta = _string(1, api_version) + _string(2, kind)
+    return PREFIX + delimited(1, type_meta) + b"\x12"
+
+
 def envelope_head(*, api_version: str, kind: str, raw_length: int) -> bytes:
     """Prefix and ``runtime.Unknown`` up to its ``raw`` bytes, which are ``raw_length`` long
     and follow (then :data:`ENVELOPE_TAIL`): a list can be streamed once its length is known."""
-    type_meta = _string(1, api_version) + _string(2, kind)
-    return PREFIX + delimited(1, type_meta) + b"\x12" + varint(raw_length)
+    return _envelope_start(api_version, kind) + varint(raw_length)
 
 
 def envelope(*, api_version: str, kind: str, raw: bytes | memoryview) -> bytes:
     """``raw`` as a complete protobuf body (or watch event object)."""
     head = envelope_head(api_version=api_version, kind=kind, raw_length=len(raw))
-    return head + bytes(raw) + ENVELOPE_TAIL
+    return b"".join((head, raw, ENVELOPE_TAIL))
 
 
 def list_meta(*, resource_version: str) -> bytes:
@@ -273,9 +286,19 @@ def list_item(raw: bytes | memoryview) -> bytes:
 
 
 def watch_frame(event_type: str, enveloped: bytes | memoryview) -> bytes:
-    """One frame of a protobuf watch stream: a 4-byte big-endian length, then the WatchEvent."""
-    message = _string(1, event_type) + delimited(2, delimited(1, enveloped))
-    return len(message).to_bytes(4, "big") + message
+    """One frame of a protobuf watch stream: a 4-byte big-endian length, then the WatchEvent
+    ``{ 1: type, 2: RawExtension { 1: enveloped } }``, joined once (no copy per level)."""
+    type_field = _event_type(event_type)
+    raw_field = b"\x0a" + varint(len(enveloped))
+    extension_length = len(raw_field) + len(enveloped)
+    extension_field = b"\x12" + varint(extension_length)
+    length = len(type_field) + len(extension_field) + extension_length
+    return b"".join((length.to_bytes(4, "big"), type_field, extension_field, raw_field, enveloped))
+
+
+@functools.lru_cache(maxsize=16)
+def _event_type(event_type: str) -> bytes:
+    return _string(1, event_type)
 
 
 def _replace_in_meta(raw: bytes | memoryview, number: int, value: bytes) -> bytes:
