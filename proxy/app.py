@@ -76,6 +76,12 @@ class Settings:
     serve: ServeSettings = field(default_factory=ServeSettings)
     discovery: DiscoverySettings = field(default_factory=DiscoverySettings)
     limits: Limits = field(default_factory=Limits)
+    identity_check_wait: float = 1.0
+    """``token-file``: how long the start waits for the check that the file's token is
+    warmwatch's own identity (two SelfSubjectReviews, milliseconds from a healthy apiserver).
+    Past it the port opens and the check is made on use, as when the apiserver cannot be
+    reached: a slow or blackholed apiserver (the 10 s connect timeout) must not hold back a
+    warm start that only needs the cache."""
     shutdown_timeout: float = 20.0
     """Less than a pod's default 30 s grace period, so we exit before the SIGKILL."""
 
@@ -271,8 +277,9 @@ class App:
 
     async def _client_tokens(self, upstream: Upstream) -> TokenFile | None:
         """``token-file``: the file's token must be warmwatch's own identity — checked now
-        (a different one refuses the start; an apiserver that cannot be asked only delays
-        the check) and after each rotation (``TokenFile``)."""
+        (a different one refuses the start; an apiserver that cannot be asked, or does not
+        answer within ``identity_check_wait``, only delays the check) and after each
+        rotation (``TokenFile``)."""
         path = self.settings.client_auth.token_file
         if path is None:
             return None
@@ -282,12 +289,15 @@ class App:
 
         tokens = TokenFile(path, verify=verify)
         try:
-            await tokens.check()
+            async with asyncio.timeout(self.settings.identity_check_wait):
+                await tokens.check()
         except IdentityMismatch as error:
             raise StartRefused(f"--client-auth token-file:{path}: {error}") from error
-        except UpstreamError as error:
+        except (UpstreamError, TimeoutError) as error:
             logger.warning(
-                "cannot check the identity of %s yet (%s); checked again on use", path, error
+                "cannot check the identity of %s yet (%s); checked again on use",
+                path,
+                str(error) or f"no answer within {self.settings.identity_check_wait:g} s",
             )
         return tokens
 

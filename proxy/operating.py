@@ -37,8 +37,6 @@ from proxy.upstream.connecting import ConnectionSettings, connect
 from proxy.upstream.errors import UpstreamError
 from proxy.upstream.verifying import ShapeVerdict, VerifySettings, verify_shape
 
-COMMANDS = ("verify", "inspect")
-
 EXIT_EQUAL = 0
 EXIT_DIFFERENT = 1
 EXIT_ERROR = 2
@@ -329,4 +327,4 @@ async def verify(
     return EXIT_DIFFERENT if different else EXIT_EQUAL
 
 
-__all__ = ["COMMANDS", "Difference", "main"]
+__all__ = ["Difference", "main"]

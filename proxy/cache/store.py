@@ -379,15 +379,8 @@ class Store:
     async def _reader(self) -> AsyncIterator[aiosqlite.Connection]:
         async with self._reader_lock:
             if self._readers.empty() and self._reader_count < self.settings.readers:
+                self._readers.put_nowait(await self._new_reader())
                 self._reader_count += 1
-                db = await aiosqlite.connect(self.settings.path, isolation_level=None)
-                await _on_thread(
-                    db,
-                    schema.configure,
-                    synchronous=self.settings.synchronous,
-                    cache_kib=schema.READER_CACHE_KIB,
-                )
-                self._readers.put_nowait(db)
         db = await self._readers.get()
         try:
             yield db
@@ -395,6 +388,23 @@ class Store:
             if db.in_transaction:
                 await db.execute("ROLLBACK")
             self._readers.put_nowait(db)
+
+    async def _new_reader(self) -> aiosqlite.Connection:
+        """A configured reader connection. One whose opening fails or is cancelled (a task
+        stopped at shutdown) is closed at once: :meth:`close` closes only the pooled ones,
+        and the thread of a connection left open keeps the process from exiting."""
+        db = await aiosqlite.connect(self.settings.path, isolation_level=None)
+        try:
+            await _on_thread(
+                db,
+                schema.configure,
+                synchronous=self.settings.synchronous,
+                cache_kib=schema.READER_CACHE_KIB,
+            )
+        except BaseException:
+            await db.close()
+            raise
+        return db
 
     @contextlib.asynccontextmanager
     async def snapshot(

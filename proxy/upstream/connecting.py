@@ -1,10 +1,11 @@
 """The connection to the real apiserver: credentials, TLS, sessions, timeouts, metrics.
 
 Credentials are loaded with kubernetes_asyncio's own loaders (in-cluster service account,
-kubeconfig with client certificates, tokens, token files, exec plugins, basic auth); the
-requests themselves go through warmwatch's own aiohttp sessions, so that bodies stream in
-both directions and timeouts fit watches. The ``Authorization`` header is computed for every
-request, so rotated and refreshed credentials are used as soon as they change:
+kubeconfig with client certificates, tokens, token files, exec plugins, basic auth), imported
+without the rest of the package (``loaders``); the requests themselves go through
+warmwatch's own aiohttp sessions, so that bodies stream in both directions and timeouts fit
+watches. The ``Authorization`` header is computed for every request, so rotated and
+refreshed credentials are used as soon as they change:
 
 - in-cluster: kubernetes_asyncio installs ``Configuration.refresh_api_key_hook``, which
   re-reads the projected service-account token file once a minute (kubelet rotates it);
@@ -47,9 +48,6 @@ from typing import Any, Final, Literal
 import aiohttp
 import orjson
 import yarl
-from kubernetes_asyncio import client as k8s_client
-from kubernetes_asyncio import config as k8s_config
-from kubernetes_asyncio.config import incluster_config as k8s_incluster
 from multidict import CIMultiDict
 
 from proxy.metrics import Metrics
@@ -59,6 +57,7 @@ from proxy.upstream.errors import (
     UpstreamStatusError,
     UpstreamUnavailable,
 )
+from proxy.upstream.loaders import credential_loaders
 
 __all__ = [
     "Body",
@@ -136,11 +135,12 @@ class ConnectionSettings:
     """Period for re-reading a kubeconfig ``tokenFile`` — client-go's cached file token
     source re-reads after one minute, so a rotated projected token is picked up."""
 
-    incluster_token_path: str = k8s_incluster.SERVICE_TOKEN_FILENAME
-    """Service-account token (in-cluster); the kubelet's projected token is rotated."""
+    incluster_token_path: str = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    """Service-account token (in-cluster); the kubelet's projected token is rotated. Where the
+    kubelet mounts it, the path kubernetes_asyncio and client-go read by default."""
 
-    incluster_ca_path: str = k8s_incluster.SERVICE_CERT_FILENAME
-    """Cluster CA bundle (in-cluster)."""
+    incluster_ca_path: str = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+    """Cluster CA bundle (in-cluster), mounted beside the token."""
 
 
 # ------------------------------------------------------------------------ credentials
@@ -569,25 +569,27 @@ async def connect(settings: ConnectionSettings, *, metrics: Metrics) -> Upstream
     Order: ``settings.kubeconfig``; else in-cluster when ``KUBERNETES_SERVICE_HOST`` is set
     (falling back to a kubeconfig only if the service-account files are missing); else
     ``$KUBECONFIG``; else ``~/.kube/config``. Raises :class:`UpstreamAuthError` when no
-    credentials can be loaded.
+    credentials can be loaded. The first call imports kubernetes_asyncio's loaders
+    (:func:`~proxy.upstream.loaders.credential_loaders`).
     """
-    configuration = k8s_client.Configuration()
+    k8s = credential_loaders()
+    configuration = k8s.configuration()
     loader: Any | None = None
     if settings.kubeconfig is not None:
         loader = await _load_kubeconfig(settings.kubeconfig, settings=settings, into=configuration)
-    elif os.environ.get(k8s_incluster.SERVICE_HOST_ENV_NAME):
+    elif os.environ.get(k8s.config.incluster_config.SERVICE_HOST_ENV_NAME):
         try:
-            k8s_config.load_incluster_config(  # type: ignore[no-untyped-call]
+            k8s.config.load_incluster_config(
                 client_configuration=configuration,
                 token_filename=settings.incluster_token_path,
                 cert_filename=settings.incluster_ca_path,
             )
-        except k8s_config.ConfigException as error:
+        except k8s.config.ConfigException as error:
             fallback = _default_kubeconfig()
             if fallback is None:
                 raise UpstreamAuthError(f"in-cluster configuration: {error}") from error
             logger.warning("In-cluster configuration failed (%s); using %s", error, fallback)
-            configuration = k8s_client.Configuration()
+            configuration = k8s.configuration()
             loader = await _load_kubeconfig(fallback, settings=settings, into=configuration)
     else:
         path = _default_kubeconfig()
@@ -663,7 +665,7 @@ def _default_kubeconfig() -> str | None:
 
 async def _load_kubeconfig(path: str, *, settings: ConnectionSettings, into: Any) -> Any:
     try:
-        return await k8s_config.load_kube_config(
+        return await credential_loaders().config.load_kube_config(
             config_file=path,
             context=settings.context,
             client_configuration=into,

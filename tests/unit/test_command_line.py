@@ -1,0 +1,36 @@
+"""``python -m proxy``: the operator's commands are dispatched to ``proxy/operating.py``,
+which the proxy itself never imports (nor the modules only it uses)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from proxy import operating
+from proxy.__main__ import OPERATOR_COMMANDS
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_operator_commands_are_operatings() -> None:
+    assert f"{{{','.join(OPERATOR_COMMANDS)}}}" in operating.parser().format_usage()
+
+
+def test_the_proxy_does_not_import_the_operator_commands() -> None:
+    only_theirs = (
+        "proxy.operating",
+        "proxy.cache.inspecting",
+        "proxy.cache.verifying",
+        "proxy.upstream.verifying",
+    )
+    script = (
+        "import sys, proxy.__main__\n"
+        f"print(sorted(m for m in sys.modules if m in {only_theirs!r}))\n"
+        "import proxy.operating\n"  # they exist, and are imported for the commands
+        f"print(sorted(m for m in sys.modules if m in {only_theirs!r}))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    assert out.splitlines() == ["[]", repr(sorted(only_theirs))]
