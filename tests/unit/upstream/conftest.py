@@ -382,7 +382,9 @@ async def tls_apiserver(fake: FakeApiserver, pki: pki_module.Pki) -> AsyncIterat
     await served.stop()
 
 
-def token_kubeconfig(path: Path, *, server: str, token: str) -> Path:
+def user_kubeconfig(path: Path, *, server: str, user: str) -> Path:
+    """A kubeconfig for ``server`` whose one user is ``user``, a YAML flow mapping
+    (``{token: t}``)."""
     path.write_text(
         textwrap.dedent(
             f"""\
@@ -390,22 +392,22 @@ def token_kubeconfig(path: Path, *, server: str, token: str) -> Path:
             kind: Config
             clusters:
             - name: fake
-              cluster:
-                server: {server}
+              cluster: {{server: "{server}"}}
             users:
             - name: sidecar
-              user:
-                token: {token}
+              user: {user}
             contexts:
             - name: fake
-              context:
-                cluster: fake
-                user: sidecar
+              context: {{cluster: fake, user: sidecar}}
             current-context: fake
             """
         )
     )
     return path
+
+
+def token_kubeconfig(path: Path, *, server: str, token: str) -> Path:
+    return user_kubeconfig(path, server=server, user=f"{{token: {token}}}")
 
 
 EXEC_PLUGIN = """\
@@ -425,32 +427,11 @@ print(json.dumps({"apiVersion": info["apiVersion"], "kind": "ExecCredential", "s
 def exec_kubeconfig(path: Path, *, server: str, counter: Path, expires_in: str) -> Path:
     script = path.parent / "exec-plugin.py"
     script.write_text(EXEC_PLUGIN)
-    path.write_text(
-        textwrap.dedent(
-            f"""\
-            apiVersion: v1
-            kind: Config
-            clusters:
-            - name: fake
-              cluster:
-                server: {server}
-            users:
-            - name: exec-user
-              user:
-                exec:
-                  apiVersion: client.authentication.k8s.io/v1beta1
-                  command: {sys.executable}
-                  args: ["{script}", "{counter}", "{expires_in}"]
-            contexts:
-            - name: fake
-              context:
-                cluster: fake
-                user: exec-user
-            current-context: fake
-            """
-        )
+    plugin = (
+        "{apiVersion: client.authentication.k8s.io/v1beta1, "
+        f'command: "{sys.executable}", args: ["{script}", "{counter}", "{expires_in}"]}}'
     )
-    return path
+    return user_kubeconfig(path, server=server, user=f"{{exec: {plugin}}}")
 
 
 @pytest.fixture

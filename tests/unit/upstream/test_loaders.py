@@ -10,12 +10,17 @@ import asyncio
 import base64
 import json
 import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
 from loadtest.pki import write_kubeconfig
-from tests.unit.upstream.conftest import FakeApiserver, Served, exec_kubeconfig, token_kubeconfig
+from tests.unit.upstream.conftest import (
+    FakeApiserver,
+    Served,
+    exec_kubeconfig,
+    token_kubeconfig,
+    user_kubeconfig,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -127,28 +132,6 @@ def _case(
     return {"name": name, "settings": settings, "env": env or {}, "rewrite": rewrite}
 
 
-def _kubeconfig(path: Path, *, server: str, user: str) -> Path:
-    path.write_text(
-        textwrap.dedent(
-            f"""\
-            apiVersion: v1
-            kind: Config
-            clusters:
-            - name: fake
-              cluster: {{server: "{server}"}}
-            users:
-            - name: u
-              user: {user}
-            contexts:
-            - name: c
-              context: {{cluster: fake, user: u}}
-            current-context: c
-            """
-        )
-    )
-    return path
-
-
 async def test_warmwatch_loads_every_kind_of_credentials_without_the_generated_client(
     apiserver: Served, tls_apiserver: Served, fake: FakeApiserver, pki: Any, tmp_path: Path
 ) -> None:
@@ -159,13 +142,13 @@ async def test_warmwatch_loads_every_kind_of_credentials_without_the_generated_c
     fake.rejected_tokens.add("exec-token-1")  # a 401 makes warmwatch run the plugin again
     plain = apiserver.url
     token = token_kubeconfig(tmp_path / "kc-token", server=plain, token="tk")
-    token_from_file = _kubeconfig(
+    token_from_file = user_kubeconfig(
         tmp_path / "kc-tokenfile", server=plain, user=f'{{tokenFile: "{token_file}"}}'
     )
     exec_plugin = exec_kubeconfig(
         tmp_path / "kc-exec", server=plain, counter=tmp_path / "count", expires_in="none"
     )
-    basic = _kubeconfig(tmp_path / "kc-basic", server=plain, user="{username: u, password: p}")
+    basic = user_kubeconfig(tmp_path / "kc-basic", server=plain, user="{username: u, password: p}")
     certs = write_kubeconfig(
         path=tmp_path / "kc-certs", pki=pki, identity="admin", server=tls_apiserver.url
     )
