@@ -9,7 +9,6 @@ sidecar.stop()          # SIGTERM (graceful); sidecar.kill() is kill -9
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -21,14 +20,9 @@ from pathlib import Path
 
 from loadtest import processes
 from loadtest.kubeapi import kubeconfig_for
+from loadtest.ports import free_port
 
 READY_TIMEOUT = 180.0
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @dataclass

@@ -42,7 +42,7 @@ from typing import Any, Literal, cast
 
 from loadtest.building import cache_root
 from loadtest.pki import Pki
-from loadtest.sidecar import free_port
+from loadtest.ports import free_port
 
 MODULE = "github.com/Shopify/toxiproxy/v2"
 VERSION = "v2.5.0"

@@ -29,7 +29,8 @@ import pytest
 
 from loadtest import kubeapi
 from loadtest.cluster import ControlPlane
-from loadtest.sidecar import Sidecar, free_port
+from loadtest.ports import free_port
+from loadtest.sidecar import Sidecar
 
 pytestmark = pytest.mark.e2e
 
