@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import aiosqlite
 import orjson
 
-from proxy.cache import reading, schema, writing
+from proxy.cache import memory, reading, schema, writing
 from proxy.cache.records import Change, EventRecord
 from proxy.cache.shapes import Encoding, ShapeKey
 from proxy.cache.tailing import RING_SIZE, ShapeLog
@@ -326,6 +326,7 @@ class Store:
             shape.log_start_rv = rv
         shape.log.publish(last_seq=committed.last_seq, records=committed.records)
         await self.collect_garbage()
+        memory.give_back()  # the list's batches passed through the heap
         return committed.count - 1  # the list-RV bookmark is a position, not an event
 
     async def collect_garbage(self) -> None:
@@ -348,6 +349,7 @@ class Store:
         await self.collect_garbage()  # what an abandoned list or a dropped shape left
         if dropped:
             await self._write(_checkpoint, mode="PASSIVE")
+        memory.give_back()
         return dropped
 
     async def save_usage(self) -> None:
