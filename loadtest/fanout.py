@@ -603,11 +603,12 @@ def report(
             f"watchers; {args.seconds:.0f} s of writes by {args.writers} concurrent writers, "
             f"ConfigMaps of ~{args.size} B data; watch clients: {CLIENT}, one process for the "
             f"watchers via warmwatch and one for the direct ones, a connection per watch; "
-            f"{os.cpu_count()} cores; warmwatch's nice value "
+            f"{os.cpu_count()} cores, "
             + (
-                f"{args.sidecar_nice:+d} from the harness's"
-                if args.sidecar_nice
-                else "the harness's"
+                f"warmwatch and its watch clients on CPU {_cpus(args.pod_cpus)}, everything "
+                f"else on CPU {_cpus(_other_cpus(args.pod_cpus))}"
+                if args.pod_cpus
+                else "shared by everything"
             ),
         ),
         (
@@ -751,11 +752,11 @@ def run(args: argparse.Namespace) -> list[str]:
         sidecar = Sidecar.start(
             upstream_kubeconfig=plane.admin_kubeconfig, db=db, resources=[SHAPE]
         )
-        if args.sidecar_nice:
-            sidecar.renice(args.sidecar_nice)
         _say(f"warmwatch ready (pid {sidecar.process.pid}, log {log})")
         idle = sample(sidecar)
         groups = start_groups(binary, group_specs(args, sidecar, plane), directory)
+        if args.pod_cpus:
+            place(args.pod_cpus, plane=plane, sidecar=sidecar, groups=groups)
         time.sleep(2)
         load_before = os.getloadavg()[0]
         harness_before = sum(os.times()[:2])
@@ -807,11 +808,36 @@ def run(args: argparse.Namespace) -> list[str]:
             processes.kill(group.process)
         if sidecar is not None:
             sidecar.stop()
+        if args.pod_cpus:  # the plane may be used again
+            everywhere = args.pod_cpus | _other_cpus(args.pod_cpus)
+            for pid in (os.getpid(), *plane.state().pids.values()):
+                with contextlib.suppress(OSError):
+                    processes.pin(pid, everywhere)
         if args.keep:
             plane.start_controller_manager()
         else:
             plane.down()
             shutil.rmtree(directory / "cp", ignore_errors=True)
+
+
+def _other_cpus(pod: set[int]) -> set[int]:
+    return os.sched_getaffinity(0) - pod if not pod >= os.sched_getaffinity(0) else pod
+
+
+def _cpus(cpus: set[int]) -> str:
+    return ",".join(str(cpu) for cpu in sorted(cpus))
+
+
+def place(pod: set[int], *, plane: ControlPlane, sidecar: Sidecar, groups: Sequence[Group]) -> None:
+    """--pod-cpus: warmwatch and the watch clients through it (the controller's pod) on
+    ``pod``; the apiserver, etcd, the direct watchers and this harness (the writers) on the
+    other CPUs — as a sidecar with CPUs of its own sees a control plane on other machines."""
+    rest = _other_cpus(pod)
+    processes.pin(sidecar.process.pid, pod)
+    for group in groups:
+        processes.pin(group.process.pid, rest if group.spec.name == "direct" else pod)
+    for pid in (os.getpid(), *plane.state().pids.values()):
+        processes.pin(pid, rest)
 
 
 async def _namespace(plane: ControlPlane) -> None:
@@ -837,11 +863,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--writers", type=int, default=32, help="concurrent writes")
     parser.add_argument("--size", type=int, default=256, help="bytes of data per ConfigMap")
     parser.add_argument(
-        "--sidecar-nice",
-        type=int,
-        default=0,
-        help="added to warmwatch's nice value (e.g. -10: it gets a CPU first, as a sidecar "
-        "with a CPU request of its own would; the harness, apiserver and clients keep theirs)",
+        "--pod-cpus",
+        type=lambda text: {int(cpu) for cpu in text.split(",")},
+        default=set(),
+        help="CPUs (e.g. 1) for warmwatch and its watch clients, the rest for the apiserver, "
+        "etcd, the writers and the direct watchers: as a sidecar with a CPU of its own beside "
+        "a control plane elsewhere (default: everything shares every CPU)",
     )
     parser.add_argument("--out", type=Path, help="also write the table to this file")
     parser.add_argument("--keep", action="store_true", help="leave the control plane running")

@@ -1,10 +1,14 @@
-"""Stopping the processes the harness starts (warmwatch, controllers, toxiproxy), one way."""
+"""Stopping the processes the harness starts (warmwatch, controllers, toxiproxy), one way;
+and placing them on CPUs."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
+from collections.abc import Set
+from pathlib import Path
 from typing import Any
 
 
@@ -25,3 +29,10 @@ def kill(process: subprocess.Popen[Any]) -> None:
     if process.poll() is None:
         os.kill(process.pid, signal.SIGKILL)
         process.wait()
+
+
+def pin(pid: int, cpus: Set[int]) -> None:
+    """Run every thread of ``pid`` on ``cpus`` only (threads it starts later inherit it)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(ProcessLookupError):  # a thread that has just ended
+            os.sched_setaffinity(int(task.name), cpus)

@@ -8,7 +8,6 @@ sidecar.stop()          # SIGTERM (graceful); sidecar.kill() is kill -9
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -154,14 +153,6 @@ class Sidecar:
     def kill(self) -> None:
         """kill -9: no chance to clean up, as in a crash."""
         processes.kill(self.process)
-
-    def renice(self, increment: int) -> None:
-        """Add ``increment`` to the nice value of each of warmwatch's threads (negative: more
-        CPU when the machine is busy, as a CPU request of its own would give a sidecar; needs
-        root). Threads started later inherit the main thread's."""
-        for task in Path(f"/proc/{self.process.pid}/task").iterdir():
-            tid = int(task.name)
-            os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + increment)
 
     def rss_bytes(self) -> int:
         for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():

@@ -163,6 +163,7 @@ class App:
         self.store: Store | None = None
         self.syncer: Syncer | None = None
         self._integrity: asyncio.Task[bool] | None = None
+        self._checkpoints: asyncio.Task[None] | None = None
         self._discovery: asyncio.Task[None] | None = None
         self._tls_reload: asyncio.Task[None] | None = None
         self.delegation: Delegation | None = None
@@ -186,6 +187,7 @@ class App:
         self.store = store = await Store.open(settings.store_settings(), metrics=self.metrics)
         # O(size), so in the background: a warm start serves before it has read every page.
         self._integrity = asyncio.create_task(store.check_integrity(), name="integrity check")
+        self._checkpoints = asyncio.create_task(store.keep_checkpointed(), name="wal checkpoints")
         upstream = await connect(
             ConnectionSettings(kubeconfig=settings.kubeconfig, context=settings.context),
             metrics=self.metrics,
@@ -339,7 +341,7 @@ class App:
         for runner in reversed(self._runners):
             await runner.cleanup()
         self._runners.clear()
-        for task in (self._integrity, self._tls_reload, self._discovery):
+        for task in (self._integrity, self._checkpoints, self._tls_reload, self._discovery):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)

@@ -35,6 +35,28 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class InlineCommit:
+    """A watch batch this small is committed on the event loop's thread, not the writer's.
+
+    Measured with 100 watchers at ~500 events/s: shipped to the writer's thread, a commit of a
+    few events waited for the GIL behind the watchers' writes at each of its statements (p50
+    5 ms, p99 100 ms), and every watcher waited for the commit. On the loop it takes well
+    under a millisecond (WAL, and no checkpoint inside: schema.AUTOCHECKPOINT), about what the
+    hop to the thread costs. Anything larger — fills, relist steps, a burst after a pause —
+    goes to the thread, so the loop never stalls for long."""
+
+    changes: int = 64
+    bytes: int = 256 * 1024
+
+
+INLINE_COMMIT = InlineCommit()
+
+CHECKPOINT_INTERVAL = 1.0
+"""Seconds between WAL checkpoints while commits arrive: a second of a busy collection's
+commits is a few MB of WAL, copied in milliseconds, and readers search a short WAL quickly."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class StoreSettings:
     path: Path
     synchronous: str = "NORMAL"
@@ -137,6 +159,8 @@ class Store:
         self.metrics = metrics
         self._writer = writer
         self._write_lock = asyncio.Lock()
+        self._commits = 0
+        """Write transactions so far (:meth:`keep_checkpointed` looks for new ones)."""
         self._readers: asyncio.Queue[aiosqlite.Connection] = asyncio.Queue()
         self._reader_count = 0
         self._reader_lock = asyncio.Lock()
@@ -188,7 +212,9 @@ class Store:
 
     @staticmethod
     async def _connect(settings: StoreSettings) -> aiosqlite.Connection:
-        db = await aiosqlite.connect(settings.path, isolation_level="DEFERRED")
+        db = await aiosqlite.connect(
+            settings.path, isolation_level="DEFERRED", check_same_thread=False
+        )
         await _on_thread(
             db,
             schema.configure,
@@ -248,17 +274,24 @@ class Store:
 
     # -- writing ---------------------------------------------------------------------------
 
-    async def _write(self, function: Callable[..., T], **kwargs: Any) -> T:
+    async def _write(self, function: Callable[..., T], *, inline: bool = False, **kwargs: Any) -> T:
+        """``function(connection, **kwargs)`` (a ``writing`` function) on the writer, one at a
+        time: on its thread, or with ``inline`` on the event loop's own (:data:`INLINE_COMMIT`).
+        The connection is never used by two threads at once: the write lock is held."""
         async with self._write_lock:
             started = time.perf_counter()
             try:
-                result = await _on_thread(self._writer, function, **kwargs)
+                if inline:
+                    result = function(self._writer._conn, **kwargs)
+                else:
+                    result = await _on_thread(self._writer, function, **kwargs)
             except sqlite3.Error as error:
                 self.storage_error = f"{type(error).__name__}: {error}"
                 if self.metrics is not None:
                     self.metrics.storage_errors.inc()
                 raise StorageError(self.storage_error) from error
             self.storage_error = None
+            self._commits += 1
             if self.metrics is not None:
                 self.metrics.commit_duration.observe(time.perf_counter() - started)
             return result
@@ -291,7 +324,12 @@ class Store:
         if not changes:
             return
         committed = await self._write(
-            writing.apply_changes, shape_id=shape.id, changes=changes, tail=self.settings.ring_size
+            writing.apply_changes,
+            inline=len(changes) <= INLINE_COMMIT.changes
+            and sum(len(change.raw) for change in changes) <= INLINE_COMMIT.bytes,
+            shape_id=shape.id,
+            changes=changes,
+            tail=self.settings.ring_size,
         )
         shape.rv = committed.rv
         shape.log.publish(last_seq=committed.last_seq, records=committed.records)
@@ -347,10 +385,25 @@ class Store:
             row = await self._write(_shape_log_start, shape_id=shape.id)
             shape.log_start_rv = row
         await self.collect_garbage()  # what an abandoned list or a dropped shape left
-        if dropped:
-            await self._write(_checkpoint, mode="PASSIVE")
         memory.give_back()
         return dropped
+
+    async def keep_checkpointed(self, *, interval: float = CHECKPOINT_INTERVAL) -> None:
+        """Copy the WAL's new pages into the database every ``interval`` in which something
+        was committed (schema.AUTOCHECKPOINT: never inside a commit), on a connection of its
+        own, so neither the writer nor a watcher waits for it. PASSIVE: it copies what no
+        reader's snapshot still needs and never waits for a reader (a long LIST); the WAL is
+        reset by the first commit after a complete one. Runs until cancelled."""
+        checkpointed = 0
+        db = await self._new_reader()
+        try:
+            while True:
+                await asyncio.sleep(interval)
+                if self._commits != checkpointed:
+                    checkpointed = self._commits
+                    await _on_thread(db, _checkpoint, mode="PASSIVE")
+        finally:
+            await db.close()
 
     async def save_usage(self) -> None:
         await self._write(_save_usage, used={s.id: s.used_at for s in self.shapes.values()})

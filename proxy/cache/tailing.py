@@ -58,7 +58,8 @@ class ShapeLog:
             return True
         changed = self._changed
         try:
-            await asyncio.wait_for(changed.wait(), timeout)
+            async with asyncio.timeout(timeout):  # not wait_for: no task per wait
+                await changed.wait()
         except TimeoutError:
             return self.last_seq > seq or self.closed
         return True

@@ -9,6 +9,7 @@ from proxy.cache.freshness import RecentWrites
 from proxy.cache.store import Store
 from proxy.metrics import Metrics
 from proxy.serve.limiting import Admission, Limits
+from proxy.serve.rendering import Frames
 from proxy.upstream.connecting import Credentials, Upstream
 from proxy.upstream.delegating import Delegation
 from proxy.upstream.passing import DiscoveryCache, DiscoveryCopies
@@ -66,3 +67,5 @@ class Context:
     (``proxy.serve.authorizing``)."""
     admission: Admission = field(default_factory=lambda: Admission(Limits()))
     """What clients hold against the limits (``proxy.serve.limiting``)."""
+    frames: Frames = field(default_factory=Frames)
+    """Watch frames shared by the watchers of each shape (``proxy.serve.rendering``)."""

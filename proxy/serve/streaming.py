@@ -35,8 +35,26 @@ class SlowClient(Exception):
     """The client did not accept a write within the slow-write timeout."""
 
 
-async def write_within(response: web.StreamResponse, data: bytes, *, timeout: float) -> None:
-    """``response.write(data)``, or :class:`SlowClient` after ``timeout``."""
+async def write_within(
+    response: web.StreamResponse,
+    data: bytes,
+    *,
+    timeout: float,
+    transport: asyncio.BaseTransport | None = None,
+) -> None:
+    """``response.write(data)``, or :class:`SlowClient` after ``timeout``.
+
+    A write waits only while the transport's buffer is above its high-water mark (aiohttp
+    then waits for it to drain). So given the ``transport``, a write of less than the mark
+    into an empty buffer cannot wait and goes without a timer: the common case of a client
+    that keeps up, where arming and cancelling the timer was a tenth of a watcher's work."""
+    if (
+        isinstance(transport, asyncio.WriteTransport)
+        and transport.get_write_buffer_size() == 0
+        and len(data) < transport.get_write_buffer_limits()[1]
+    ):
+        await response.write(data)
+        return
     try:
         async with asyncio.timeout(timeout):
             await response.write(data)

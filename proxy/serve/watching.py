@@ -83,7 +83,12 @@ class Watch:
     # -- writing -----------------------------------------------------------------------------
 
     async def _write(self, data: bytes) -> None:
-        await write_within(self.response, data, timeout=self.ctx.settings.slow_write_timeout)
+        await write_within(
+            self.response,
+            data,
+            timeout=self.ctx.settings.slow_write_timeout,
+            transport=self.request.transport,
+        )
 
     async def _bookmark(self, *, initial_events_end: bool = False) -> None:
         await self._write(
@@ -237,7 +242,10 @@ class Watch:
     async def _follow(self) -> None:
         settings = self.ctx.settings
         next_bookmark = time.monotonic() + settings.bookmark_interval
-        resource = self.shape.resource
+        shape, view = self.shape, self.view
+        frames = self.ctx.frames.of(shape, self.renderer)
+        events_out = self.ctx.metrics.events_out.labels(resource=shape.resource)
+        delivery_lag = self.ctx.metrics.event_delivery_lag.labels(resource=shape.resource)
         recheck = self.grant.delegation.settings.allow_ttl if self.grant is not None else math.inf
         next_recheck = time.monotonic() + recheck
         while True:
@@ -256,20 +264,18 @@ class Watch:
             )
             if records:
                 pieces = Pieces(self._write)
-                frames = 0
+                sent = 0
                 for record in records:
-                    event = self.view.event_for(record)
-                    if event is not None:
-                        await pieces.add(self.renderer.event(event[0], event[1]))
-                        frames += 1
+                    event_type = view.event_type(record)
+                    if event_type is not None:
+                        await pieces.add(frames.event(record, event_type))
+                        sent += 1
                     self.cursor, self.position_rv = record.seq, record.rv
                 await pieces.flush()
-                if frames:
-                    metrics = self.ctx.metrics
-                    metrics.events_out.labels(resource=resource).inc(frames)
+                if sent:
+                    events_out.inc(sent)
                     # Commit to written, for the newest of the batch (the oldest lag more).
-                    lag = time.time() - records[-1].at
-                    metrics.event_delivery_lag.labels(resource=resource).observe(max(lag, 0.0))
+                    delivery_lag.observe(max(time.time() - records[-1].at, 0.0))
                 continue
             now = time.monotonic()
             if now >= self.deadline or self.shape.log.closed:
