@@ -32,6 +32,10 @@ class ServeSettings:
     slow_write_timeout: float = 30.0
     """A watcher whose socket has not accepted a write for this long is closed; it resumes from
     its last RV out of the log. One stuck client must not pin memory or a task forever."""
+    list_timeout: float = 60.0
+    """A LIST from the cache is sent within this long or cut (``proxy.serve.listing``): the
+    apiserver's ``--request-timeout``, which bounds its own LISTs. The initial state of a
+    watch is bounded by the watch's own timeout, as the apiserver's is."""
     idle_check: float = 5.0
     """How often an idle watch checks that its client is still connected."""
     event_batch: int = 512

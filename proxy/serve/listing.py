@@ -5,10 +5,16 @@ the apiserver's watch cache does for RV "0": the whole list, no ``continue``. It
 stored bytes, concatenated; nothing is decoded per request (metadata-only answers cut each
 object down to its metadata). A not-older-than
 RV the cache has not reached waits briefly, then gets 504 with ``Retry-After``.
+
+A LIST is sent within ``ServeSettings.list_timeout`` (60 s, the apiserver's
+``--request-timeout``, which cuts its own LISTs too), or it is cut: its snapshot is a read
+transaction, and a client that reads slowly but steadily — past every write deadline —
+would otherwise keep the WAL from being checkpointed past it for as long as it likes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import time
@@ -58,9 +64,17 @@ async def serve_list(
     response = web.StreamResponse(status=200, headers={"Content-Type": renderer.content_type})
     try:
         async with ctx.admission.list_stream():
-            size = await _stream(
-                request, response, ctx=ctx, shape=shape, view=view, renderer=renderer
-            )
+            try:
+                async with asyncio.timeout(ctx.settings.list_timeout):
+                    size = await _stream(
+                        request, response, ctx=ctx, shape=shape, view=view, renderer=renderer
+                    )
+            except TimeoutError:
+                if not response.prepared:
+                    raise StatusError.timeout(
+                        "request did not complete within the allotted timeout"
+                    ) from None
+                raise SlowClient from None
         await response.write_eof()
     except Exception as error:
         if not response.prepared:

@@ -11,6 +11,7 @@ Failures after the stream started are ERROR events (a Status), then the stream e
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import math
@@ -130,8 +131,7 @@ class Watch:
                     raise failed
                 if started is None:  # the cache has not reached the RV: wait, answer begun
                     started = await self._begin(initial, wait=True)
-                if started:
-                    await self._send_initial(initial)
+                if started and await self._send_initial(initial):
                     await self._follow()
                 if self.options.allow_watch_bookmarks and self.position_rv and not self.revoked:
                     await self._bookmark()  # at the deadline: the client resumes from a fresh RV
@@ -195,26 +195,37 @@ class Watch:
         self.cursor, self.position_rv = self._snapshot.last_seq, self._snapshot.rv
         return True
 
-    async def _send_initial(self, initial: contextlib.AsyncExitStack) -> None:
+    async def _send_initial(self, initial: contextlib.AsyncExitStack) -> bool:
         """The initial state (when the watch has one) as ADDED events, then its snapshot and
-        slot are given back; then the initial-events-end bookmark where it is asked for."""
+        slot are given back; then the initial-events-end bookmark where it is asked for.
+
+        False when the watch's deadline came first: the apiserver's watch timeout covers its
+        initial events too, and here it also bounds how long the snapshot — a read
+        transaction, which keeps the WAL from being checkpointed past it — is held. The
+        stream then ends without a bookmark: the client has not reached any RV."""
         snapshot, self._snapshot = self._snapshot, None
         if snapshot is not None:
             pieces = Pieces(self._write)
             events_out = self.ctx.metrics.events_out.labels(resource=self.shape.resource)
-            async for rows in snapshot.rows:
-                sent = 0
-                for namespace, name, labels, raw in rows:
-                    if self.view.is_everything or self.view.admits(
-                        namespace=namespace, name=name, labels=labels
-                    ):
-                        await pieces.add(self.renderer.event(ChangeType.ADDED, raw))
-                        sent += 1
-                events_out.inc(sent)
-            await pieces.flush()
+            try:
+                async with asyncio.timeout(max(self.deadline - time.monotonic(), 0.0)):
+                    async for rows in snapshot.rows:
+                        sent = 0
+                        for namespace, name, labels, raw in rows:
+                            if self.view.is_everything or self.view.admits(
+                                namespace=namespace, name=name, labels=labels
+                            ):
+                                await pieces.add(self.renderer.event(ChangeType.ADDED, raw))
+                                sent += 1
+                        events_out.inc(sent)
+                    await pieces.flush()
+            except TimeoutError:
+                self.position_rv = ""
+                return False
         await initial.aclose()
         if self.start.initial_events_end_bookmark:
             await self._bookmark(initial_events_end=True)
+        return True
 
     async def _wait_idle(self, seq: int) -> bool:
         """Wait for log entries after ``seq`` (at most ``idle_check``); False when the watch

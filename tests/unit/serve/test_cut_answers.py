@@ -26,11 +26,16 @@ from proxy.serve.context import Context, ServeSettings
 from proxy.serve.limiting import Admission, Limits
 
 CM = GroupVersionResource.parse("v1/configmaps")
+LIST_TIMEOUT = 3.0
+DEADLINES = ServeSettings(slow_write_timeout=0.5, list_timeout=LIST_TIMEOUT)
+PATIENT = ServeSettings(slow_write_timeout=10, list_timeout=LIST_TIMEOUT)
+"""For readers too slow for a list, never for a write: socket buffers that a slow reader
+drains open up in steps, so a write may wait longer than the 0.5 s of ``DEADLINES``."""
 
 
 @pytest.fixture
 async def server(tmp_path: Path, request: pytest.FixtureRequest) -> Any:
-    limits = getattr(request, "param", Limits())
+    limits, settings = getattr(request, "param", (Limits(), DEADLINES))
     # One reader only: a LIST that held it for good would block every other read.
     store = await Store.open(StoreSettings(path=tmp_path / "c.db", readers=1))
     shape = await store.ensure_shape(ShapeKey.of(CM), configured=True)
@@ -57,7 +62,7 @@ async def server(tmp_path: Path, request: pytest.FixtureRequest) -> Any:
         upstream=cast(Any, None),
         discovery=cast(Any, None),
         metrics=Metrics(),
-        settings=ServeSettings(slow_write_timeout=0.5),
+        settings=settings,
         credentials="sidecar",
         learn=False,
         breaker=cast(Any, None),
@@ -126,7 +131,9 @@ async def head_of(port: int, path: str) -> tuple[bytes, asyncio.StreamWriter]:
     return await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5), writer
 
 
-@pytest.mark.parametrize("server", [Limits(max_watches=2, max_client_watches=2)], indirect=True)
+@pytest.mark.parametrize(
+    "server", [(Limits(max_watches=2, max_client_watches=2), DEADLINES)], indirect=True
+)
 async def test_watches_over_the_limit_get_the_apiservers_429(server: int) -> None:
     watch = "/api/v1/configmaps?watch=1&resourceVersion=5000"
     held = [await head_of(server, watch) for _ in range(2)]
@@ -144,7 +151,7 @@ async def test_watches_over_the_limit_get_the_apiservers_429(server: int) -> Non
 
 
 @pytest.mark.parametrize(
-    "server", [Limits(max_list_streams=1, list_stream_wait=0.1)], indirect=True
+    "server", [(Limits(max_list_streams=1, list_stream_wait=0.1), DEADLINES)], indirect=True
 )
 async def test_list_streams_over_the_limit_get_429_until_the_stalled_one_is_cut(
     server: int,
@@ -164,7 +171,9 @@ async def test_list_streams_over_the_limit_get_429_until_the_stalled_one_is_cut(
         writer.close()
 
 
-@pytest.mark.parametrize("server", [Limits(max_list_streams=1, list_stream_wait=5)], indirect=True)
+@pytest.mark.parametrize(
+    "server", [(Limits(max_list_streams=1, list_stream_wait=5), DEADLINES)], indirect=True
+)
 async def test_a_list_waits_for_a_slot_a_stalled_stream_gives_back(server: int) -> None:
     """Within ``list_stream_wait`` a LIST queues for a slot instead of a 429: here the slot
     comes free when the stalled client is cut at its write deadline (0.5 s)."""
@@ -176,3 +185,55 @@ async def test_a_list_waits_for_a_slot_a_stalled_stream_gives_back(server: int) 
         assert whole.startswith(b"HTTP/1.1 200") and whole.endswith(b"]}\n\r\n0\r\n\r\n")
     finally:
         writer.close()
+
+
+async def trickle(port: int, path: str, *, seconds: float) -> tuple[bytes, float]:
+    """Read an answer slowly but steadily (64 KiB per 0.1 s: the whole 12 MB would take 19 s)
+    for at most ``seconds``; what was read, and when it ended (a clean end only after what
+    the socket buffers held is read)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+    started, data = asyncio.get_running_loop().time(), b""
+    try:
+        while asyncio.get_running_loop().time() - started < seconds:
+            try:
+                chunk = await reader.read(64 * 1024)
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            data += chunk
+            await asyncio.sleep(0.1)
+        return data, asyncio.get_running_loop().time() - started
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize("server", [(Limits(), PATIENT)], indirect=True)
+async def test_a_list_read_too_slowly_is_cut_at_the_list_timeout(server: int) -> None:
+    """Past every write deadline, a steady trickle would hold the store's one reader and its
+    snapshot (which pins the WAL) for as long as it reads (19 s here): the list timeout
+    bounds it, and a LIST waiting for the reader gets it then."""
+    slow = asyncio.create_task(trickle(server, "/api/v1/configmaps", seconds=30))
+    await asyncio.sleep(0.5)
+    loop = asyncio.get_running_loop()
+    asked = loop.time()
+    whole = await asyncio.wait_for(fetch(server, "/api/v1/configmaps?limit=1"), 30)
+    waited = loop.time() - asked
+    assert whole.startswith(b"HTTP/1.1 200") and whole.endswith(b"]}\n\r\n0\r\n\r\n")
+    assert LIST_TIMEOUT - 1.5 < waited < LIST_TIMEOUT + 2, waited
+    data, _ = await slow
+    assert data.startswith(b"HTTP/1.1 200")
+    assert not data.endswith(b"0\r\n\r\n") and len(data) < 10_000_000  # cut, visibly
+
+
+@pytest.mark.parametrize("server", [(Limits(), PATIENT)], indirect=True)
+async def test_a_watchs_initial_state_ends_with_the_watch_without_a_bookmark(server: int) -> None:
+    path = "/api/v1/configmaps?watch=1&resourceVersion=0&allowWatchBookmarks=true&timeoutSeconds=1"
+    data, _ = await trickle(server, path, seconds=60)
+    assert data.startswith(b"HTTP/1.1 200")
+    assert data.endswith(b"0\r\n\r\n")  # the watch ended, as at its timeout
+    assert len(data) < 10_000_000  # far from the whole initial state (12 MB)
+    assert b'"BOOKMARK"' not in data  # no RV reached: the initial state was not all sent
+    whole = await asyncio.wait_for(fetch(server, "/api/v1/configmaps?limit=1"), 10)
+    assert whole.startswith(b"HTTP/1.1 200")
