@@ -41,11 +41,15 @@ BUSY_TIMEOUT_MS: Final = 10_000
 JOURNAL_SIZE_LIMIT: Final = 64 * 1024 * 1024
 """A WAL file that a long list kept from being checkpointed is truncated back to this."""
 
-AUTOCHECKPOINT: Final = 0
-"""No connection checkpoints when it commits. SQLite's default (every 1,000 pages) runs the
-checkpoint inside the commit that crosses the mark: measured, one watch batch's commit in
-~100 then took 17 ms instead of under 1 ms, and every watcher waited for it.
-``Store.keep_checkpointed`` checkpoints on a connection of its own instead."""
+AUTOCHECKPOINT_PAGES: Final = 1000
+"""SQLite's default: a commit that takes the WAL past this many pages checkpoints inside the
+commit. The writer keeps it for transactions on its own thread (fills, relist steps, bursts),
+where nobody waits for one commit, and a checkpointer beside continuous writes could never
+let the WAL restart (it restarts only between a complete checkpoint and the next write;
+measured, a 500,000-object fill left a 1 GB WAL). Small watch commits on the event loop run
+with 0 (``store.INLINE_COMMIT``): there the checkpoint made one commit in ~100 take 17 ms
+instead of under 1, and every watcher waited for it; ``Store.keep_checkpointed`` checkpoints
+beside them."""
 
 DDL: Final = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -161,7 +165,7 @@ def configure(connection: sqlite3.Connection, *, synchronous: str, cache_kib: in
     connection.execute(f"PRAGMA synchronous = {synchronous}")
     connection.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
     connection.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
-    connection.execute(f"PRAGMA wal_autocheckpoint = {AUTOCHECKPOINT}")
+    connection.execute(f"PRAGMA wal_autocheckpoint = {AUTOCHECKPOINT_PAGES}")
     connection.execute("PRAGMA temp_store = MEMORY")
     connection.execute(f"PRAGMA cache_size = -{cache_kib}")
 

@@ -41,7 +41,7 @@ class InlineCommit:
     Measured with 100 watchers at ~500 events/s: shipped to the writer's thread, a commit of a
     few events waited for the GIL behind the watchers' writes at each of its statements (p50
     5 ms, p99 100 ms), and every watcher waited for the commit. On the loop it takes well
-    under a millisecond (WAL, and no checkpoint inside: schema.AUTOCHECKPOINT), about what the
+    under a millisecond (WAL, and no checkpoint inside: schema.AUTOCHECKPOINT_PAGES), about what the
     hop to the thread costs. Anything larger — fills, relist steps, a burst after a pause —
     goes to the thread, so the loop never stalls for long."""
 
@@ -161,6 +161,8 @@ class Store:
         self._write_lock = asyncio.Lock()
         self._commits = 0
         """Write transactions so far (:meth:`keep_checkpointed` looks for new ones)."""
+        self._autocheckpoint = schema.AUTOCHECKPOINT_PAGES
+        """The writer's ``wal_autocheckpoint`` now: 0 for inline commits (:meth:`_write`)."""
         self._readers: asyncio.Queue[aiosqlite.Connection] = asyncio.Queue()
         self._reader_count = 0
         self._reader_lock = asyncio.Lock()
@@ -281,8 +283,13 @@ class Store:
         async with self._write_lock:
             started = time.perf_counter()
             try:
+                connection = self._writer._conn
+                pages = 0 if inline else schema.AUTOCHECKPOINT_PAGES
+                if pages != self._autocheckpoint:  # a pragma: microseconds, the writer idle
+                    connection.execute(f"PRAGMA wal_autocheckpoint = {pages}")
+                    self._autocheckpoint = pages
                 if inline:
-                    result = function(self._writer._conn, **kwargs)
+                    result = function(connection, **kwargs)
                 else:
                     result = await _on_thread(self._writer, function, **kwargs)
             except sqlite3.Error as error:
@@ -390,10 +397,11 @@ class Store:
 
     async def keep_checkpointed(self, *, interval: float = CHECKPOINT_INTERVAL) -> None:
         """Copy the WAL's new pages into the database every ``interval`` in which something
-        was committed (schema.AUTOCHECKPOINT: never inside a commit), on a connection of its
-        own, so neither the writer nor a watcher waits for it. PASSIVE: it copies what no
-        reader's snapshot still needs and never waits for a reader (a long LIST); the WAL is
-        reset by the first commit after a complete one. Runs until cancelled."""
+        was committed, on a connection of its own: inline commits never checkpoint
+        (``schema.AUTOCHECKPOINT_PAGES``), so neither the writer nor a watcher waits for it.
+        PASSIVE: it copies what no reader's snapshot still needs and never waits for a reader
+        (a long LIST); the WAL restarts at the first commit after a complete one. Runs until
+        cancelled."""
         checkpointed = 0
         db = await self._new_reader()
         try:

@@ -33,9 +33,13 @@ class ServeSettings:
     """A watcher whose socket has not accepted a write for this long is closed; it resumes from
     its last RV out of the log. One stuck client must not pin memory or a task forever."""
     list_timeout: float = 60.0
-    """A LIST from the cache is sent within this long or cut (``proxy.serve.listing``): the
-    apiserver's ``--request-timeout``, which bounds its own LISTs. The initial state of a
-    watch is bounded by the watch's own timeout, as the apiserver's is."""
+    """A LIST from the cache is sent within this long, plus its size at ``list_min_rate``, or
+    cut (``proxy.serve.listing``): the apiserver's ``--request-timeout``, which bounds its
+    own LISTs. The initial state of a watch is bounded by the watch's own timeout, as the
+    apiserver's is."""
+    list_min_rate: float = 1024 * 1024
+    """Bytes per second: a LIST that the client reads at least this fast is never cut. Ours:
+    a million objects are ~1.4 GB, which the apiserver could not send in 60 s at all."""
     idle_check: float = 5.0
     """How often an idle watch checks that its client is still connected."""
     event_batch: int = 512

@@ -7,15 +7,17 @@ object down to its metadata). A not-older-than
 RV the cache has not reached waits briefly, then gets 504 with ``Retry-After``.
 
 A LIST is sent within ``ServeSettings.list_timeout`` (60 s, the apiserver's
-``--request-timeout``, which cuts its own LISTs too), or it is cut: its snapshot is a read
-transaction, and a client that reads slowly but steadily — past every write deadline —
-would otherwise keep the WAL from being checkpointed past it for as long as it likes.
+``--request-timeout``, which cuts its own LISTs too) plus the time its bytes take at
+``list_min_rate`` (1 MiB/s), or it is cut: its snapshot is a read transaction, and a client
+that reads slowly but steadily — past every write deadline — would otherwise keep the WAL
+from being checkpointed past it for as long as it likes. The rate term is warmwatch's own:
+it serves lists that the apiserver could not send within its timeout (1,000,000 objects),
+to clients that read them at memory speed, or while the machine is busy, slower.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from collections.abc import Iterator
@@ -65,10 +67,9 @@ async def serve_list(
     try:
         async with ctx.admission.list_stream():
             try:
-                async with asyncio.timeout(ctx.settings.list_timeout):
-                    size = await _stream(
-                        request, response, ctx=ctx, shape=shape, view=view, renderer=renderer
-                    )
+                size = await _stream(
+                    request, response, ctx=ctx, shape=shape, view=view, renderer=renderer
+                )
             except TimeoutError:
                 if not response.prepared:
                     raise StatusError.timeout(
@@ -98,6 +99,22 @@ async def serve_list(
     return response
 
 
+def _send_within(ctx: Context, response: web.StreamResponse, deadline: asyncio.Timeout) -> Send:
+    """Writes with the write deadline, each moving the list's ``deadline`` to ``list_timeout``
+    after the list began plus the time its bytes so far take at ``list_min_rate``."""
+    settings = ctx.settings
+    begun = asyncio.get_running_loop().time()
+    written = 0
+
+    async def send(data: bytes) -> None:
+        nonlocal written
+        await write_within(response, data, timeout=settings.slow_write_timeout)
+        written += len(data)
+        deadline.reschedule(begun + settings.list_timeout + written / settings.list_min_rate)
+
+    return send
+
+
 async def _stream(
     request: web.Request,
     response: web.StreamResponse,
@@ -107,9 +124,13 @@ async def _stream(
     view: Filter,
     renderer: Renderer,
 ) -> int:
-    """The list, from one snapshot; the bytes of its body."""
-    async with ctx.store.snapshot(shape, namespace=view.namespace) as snapshot:
-        send = functools.partial(write_within, response, timeout=ctx.settings.slow_write_timeout)
+    """The list, from one snapshot; the bytes of its body. TimeoutError when the snapshot
+    was held for longer than the list's deadline (:func:`_send_within`)."""
+    async with (
+        ctx.store.snapshot(shape, namespace=view.namespace) as snapshot,
+        asyncio.timeout(ctx.settings.list_timeout) as deadline,
+    ):
+        send = _send_within(ctx, response, deadline)
         if renderer.encoding is Encoding.PROTOBUF:
             return await _protobuf_list(request, response, send, snapshot, view, renderer)
         return await _json_list(request, response, send, snapshot, view, renderer)

@@ -28,9 +28,10 @@ from proxy.serve.limiting import Admission, Limits
 CM = GroupVersionResource.parse("v1/configmaps")
 LIST_TIMEOUT = 3.0
 DEADLINES = ServeSettings(slow_write_timeout=0.5, list_timeout=LIST_TIMEOUT)
-PATIENT = ServeSettings(slow_write_timeout=10, list_timeout=LIST_TIMEOUT)
-"""For readers too slow for a list, never for a write: socket buffers that a slow reader
-drains open up in steps, so a write may wait longer than the 0.5 s of ``DEADLINES``."""
+PATIENT = ServeSettings(slow_write_timeout=10, list_timeout=LIST_TIMEOUT, list_min_rate=10e6)
+"""For readers too slow for a list (under 10 MB/s after its first 3 s), never for a write:
+socket buffers that a slow reader drains open up in steps, so a write may wait longer than
+the 0.5 s of ``DEADLINES``."""
 
 
 @pytest.fixture
@@ -187,22 +188,24 @@ async def test_a_list_waits_for_a_slot_a_stalled_stream_gives_back(server: int) 
         writer.close()
 
 
-async def trickle(port: int, path: str, *, seconds: float) -> tuple[bytes, float]:
-    """Read an answer slowly but steadily (64 KiB per 0.1 s: the whole 12 MB would take 19 s)
-    for at most ``seconds``; what was read, and when it ended (a clean end only after what
-    the socket buffers held is read)."""
+async def trickle(
+    port: int, path: str, *, seconds: float, chunk: int = 64 * 1024
+) -> tuple[bytes, float]:
+    """Read an answer slowly but steadily (``chunk`` per 0.1 s: at 64 KiB, the whole 12 MB
+    take 19 s) for at most ``seconds``; what was read, and when it ended (a clean end only
+    after what the socket buffers held is read)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
     started, data = asyncio.get_running_loop().time(), b""
     try:
         while asyncio.get_running_loop().time() - started < seconds:
             try:
-                chunk = await reader.read(64 * 1024)
+                data_read = await reader.read(chunk)
             except ConnectionResetError:
                 break
-            if not chunk:
+            if not data_read:
                 break
-            data += chunk
+            data += data_read
             await asyncio.sleep(0.1)
         return data, asyncio.get_running_loop().time() - started
     finally:
@@ -225,6 +228,16 @@ async def test_a_list_read_too_slowly_is_cut_at_the_list_timeout(server: int) ->
     data, _ = await slow
     assert data.startswith(b"HTTP/1.1 200")
     assert not data.endswith(b"0\r\n\r\n") and len(data) < 10_000_000  # cut, visibly
+
+
+@pytest.mark.parametrize(
+    "server", [(Limits(), ServeSettings(list_timeout=1, list_min_rate=1e6))], indirect=True
+)
+async def test_a_list_read_at_the_minimum_rate_is_never_cut(server: int) -> None:
+    """12 MB at ~2.5 MB/s: far past the list timeout (1 s), never below the rate (1 MB/s)."""
+    data, ended = await trickle(server, "/api/v1/configmaps", seconds=60, chunk=256 * 1024)
+    assert data.startswith(b"HTTP/1.1 200") and data.endswith(b"]}\n\r\n0\r\n\r\n")
+    assert ended > 2
 
 
 @pytest.mark.parametrize("server", [(Limits(), PATIENT)], indirect=True)
