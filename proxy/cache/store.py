@@ -41,9 +41,9 @@ class InlineCommit:
     Measured with 100 watchers at ~500 events/s: shipped to the writer's thread, a commit of a
     few events waited for the GIL behind the watchers' writes at each of its statements (p50
     5 ms, p99 100 ms), and every watcher waited for the commit. On the loop it takes well
-    under a millisecond (WAL, and no checkpoint inside: schema.AUTOCHECKPOINT_PAGES), about what the
-    hop to the thread costs. Anything larger — fills, relist steps, a burst after a pause —
-    goes to the thread, so the loop never stalls for long."""
+    under a millisecond (WAL, and no checkpoint inside: ``schema.AUTOCHECKPOINT_PAGES``),
+    about what the hop to the thread costs. Anything larger — fills, relist steps, a burst
+    after a pause — goes to the thread, so the loop never stalls for long."""
 
     changes: int = 64
     bytes: int = 256 * 1024

@@ -130,6 +130,21 @@ def test_a_snapshot_pages_by_key(db: sqlite3.Connection) -> None:
     assert not db.in_transaction
 
 
+def test_a_namespaces_pages_are_each_one_seek(db: sqlite3.Connection) -> None:
+    """Found with 500,000 objects: bounded by the row value as well as the namespace, each
+    page of one namespace scanned and sorted every row before its bound (a filtered LIST took
+    minutes). The page's plan must seek, not sort."""
+    fill(db, [cm(f"o{i:03d}", 10 + i, ns=ns) for i in range(30) for ns in ("a", "b")], "99")
+    assert [len(p) for p in pages(db, namespace="b", limit=7)] == [7, 7, 7, 7, 2]
+    assert pages(db, namespace="b", limit=7)[1][0] == ("b", "o007")
+    traced: list[str] = []  # the statement as run, its parameters filled in
+    db.set_trace_callback(traced.append)
+    reading.object_rows(db, gen=1, namespace="b", after=("b", "o010"), limit=7)
+    db.set_trace_callback(None)
+    plan = " ".join(str(row[-1]) for row in db.execute(f"EXPLAIN QUERY PLAN {traced[-1]}"))
+    assert "TEMP B-TREE" not in plan and "name>?" in plan, plan
+
+
 def test_heads_size_the_rows_they_stand_for(db: sqlite3.Connection) -> None:
     fill(db, [cm("x", 5, labels={"app": "y"}), cm("y", 6)], "10")
     rows = reading.object_rows(db, gen=1, namespace=None, after=None, limit=10)
