@@ -3,7 +3,7 @@
 CPython's larger objects (every stored object's bytes among them) come from glibc's malloc,
 which keeps the pages it got for reuse. A fill or relist passes a whole collection through in
 batches, so afterwards the process would keep the high-water mark of those batches as its
-resident size: measured after filling 100,000 objects of 1 KiB, 113 MB instead of 67–84.
+resident size: measured after filling 100,000 objects of 1 KiB, 113 MB instead of 67 to 84.
 ``malloc_trim(0)`` hands the free pages back. It is called once a list (a fill or a relist)
 is published and by the periodic maintenance; it takes a few milliseconds. On a C library
 without it (musl, macOS) it does nothing.
