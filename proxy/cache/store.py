@@ -159,8 +159,9 @@ class Store:
         self.metrics = metrics
         self._writer = writer
         self._write_lock = asyncio.Lock()
-        self._commits = 0
-        """Write transactions so far (:meth:`keep_checkpointed` looks for new ones)."""
+        self._inline_commits = 0
+        """Commits on the event loop so far, which never checkpoint (:meth:`keep_checkpointed`
+        looks for new ones; the writer's thread checkpoints its own)."""
         self._autocheckpoint = schema.AUTOCHECKPOINT_PAGES
         """The writer's ``wal_autocheckpoint`` now: 0 for inline commits (:meth:`_write`)."""
         self._readers: asyncio.Queue[aiosqlite.Connection] = asyncio.Queue()
@@ -298,7 +299,7 @@ class Store:
                     self.metrics.storage_errors.inc()
                 raise StorageError(self.storage_error) from error
             self.storage_error = None
-            self._commits += 1
+            self._inline_commits += inline
             if self.metrics is not None:
                 self.metrics.commit_duration.observe(time.perf_counter() - started)
             return result
@@ -397,7 +398,7 @@ class Store:
 
     async def keep_checkpointed(self, *, interval: float = CHECKPOINT_INTERVAL) -> None:
         """Copy the WAL's new pages into the database every ``interval`` in which something
-        was committed, on a connection of its own: inline commits never checkpoint
+        was committed inline, on a connection of its own: inline commits never checkpoint
         (``schema.AUTOCHECKPOINT_PAGES``), so neither the writer nor a watcher waits for it.
         PASSIVE: it copies what no reader's snapshot still needs and never waits for a reader
         (a long LIST); the WAL restarts at the first commit after a complete one. Runs until
@@ -407,8 +408,8 @@ class Store:
         try:
             while True:
                 await asyncio.sleep(interval)
-                if self._commits != checkpointed:
-                    checkpointed = self._commits
+                if self._inline_commits != checkpointed:
+                    checkpointed = self._inline_commits
                     await _on_thread(db, _checkpoint, mode="PASSIVE")
         finally:
             await db.close()
