@@ -30,7 +30,9 @@ informer, protobuf (``--mode metadata --protobuf``); and kube-controller-manager
 (kube-controller-manager v1.37.2 itself with loadtest.controllers.TEST_CONTROLLERS: about 60
 collections in protobuf, the N ConfigMaps among them, in full for its root-CA publisher and as
 metadata for its garbage collector; synced = every informer and monitor synced, from its log).
-Each under four conditions, side by side in one run, in this order for each kind:
+Each under four conditions, side by side in one run, in this order for each kind (every other
+run in reverse, with 2 s of quiet before each measurement, so that no condition always
+follows the same one):
 
 - (a) directly against the local apiserver, idle (the control plane's own
   kube-controller-manager is paused);
@@ -271,6 +273,9 @@ CLIENT_KINDS = (
         watch_accept="",
     ),
 )
+
+SETTLE = 2.0
+"""Seconds of quiet before each measured sync (``ClientsBench.run_size``)."""
 
 CONDITIONS = {
     "a": "apiserver",
@@ -629,7 +634,11 @@ class ClientsBench:
             for run in range(1, runs + 1):
                 _say(f"N={size}: run {run} of {runs}")
                 for kind in CLIENT_KINDS:
-                    for condition in conditions:
+                    # Every other run in reverse, and a pause before each: a condition must
+                    # not inherit the previous one's aftermath (the apiserver freeing a
+                    # 100,000-object answer it sent over the link, toxiproxy draining).
+                    for condition in conditions if run % 2 else conditions[::-1]:
+                        time.sleep(SETTLE)
                         self.measure(
                             kind,
                             condition,
@@ -1044,6 +1053,13 @@ def _first_list_byte(port: int, path: str, *, deadline: float) -> tuple[float, f
     raise TimeoutError(f"no LIST answer on port {port}")
 
 
+def _ready(sidecar: Sidecar) -> bool:
+    try:
+        return sidecar.readyz()[0] == 200
+    except OSError:  # polled right after a restart: the metrics port is not open yet
+        return False
+
+
 def warm_restart(sidecar: Sidecar, path: str) -> Restart:
     """Stop warmwatch, start it on the same database; time the first LIST byte from its
     cache, then /readyz, then a LIST's time to first byte once ready."""
@@ -1053,7 +1069,7 @@ def warm_restart(sidecar: Sidecar, path: str) -> Restart:
     opened, first, status = _first_list_byte(
         sidecar.port, f"{path}?resourceVersion=0", deadline=started + 600
     )
-    while sidecar.readyz()[0] != 200:
+    while not _ready(sidecar):
         if time.monotonic() - started > 600:
             raise TimeoutError("warmwatch not ready after a warm restart")
         time.sleep(0.002)

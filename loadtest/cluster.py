@@ -48,6 +48,10 @@ APISERVER_ATTEMPTS = 3
 on etcd answering within its own deadlines, which a loaded 2-core machine does not always
 meet) is started again, its exit reported with the log's tail."""
 
+SPAWN_TIMEOUT = 10.0
+"""A started process has this long to exec its binary (milliseconds, unless the machine is
+swamped)."""
+
 STOP_TIMEOUT = 15.0
 """SIGTERM first, so etcd and the apiserver shut down cleanly; SIGKILL after this."""
 
@@ -157,6 +161,14 @@ class ControlPlane:
                 start_new_session=True,  # outlives `up`; `down` stops it
                 cwd=self.directory,
             )
+        # Until the child has exec'd, /proc shows the harness's own command line, which does
+        # not name the directory: _alive would call the new process dead and a second one
+        # would be started beside it (found as "address already in use" on a busy machine).
+        deadline = time.monotonic() + SPAWN_TIMEOUT
+        while process.poll() is None and not self._alive(process.pid):
+            if time.monotonic() > deadline:
+                raise ProcessExited(f"{name}: not started after {SPAWN_TIMEOUT:.0f}s")
+            time.sleep(0.005)
         return process.pid
 
     def _stop(self, pid: int) -> None:

@@ -62,10 +62,13 @@ compaction at all. A restarted apiserver's watch cache starts after the compacti
 
 The blackhole fault waits (bounded) until every shape of warmwatch is current (its RV in the
 database has reached etcd's revision), notes warmwatch's log offset and metrics, adds the toxics
-and, while they hold, reads warmwatch's log for its reflectors' ``...; retrying in`` lines. It
-must find, for each resource, such a line and ``warmwatch_upstream_watch_restarts_total
-{reason="error"}`` grown by at least its number of shapes (every reflector replaced its silent
-watch), and after the toxics are removed every shape must be current again within 120 s. The
+and, while they hold, reads warmwatch's log for its reflectors' ``...; retrying in`` lines (a
+new watch that cannot connect through the blackhole fails after warmwatch's 10 s connect
+timeout, so a short blackhole may end before any). For each resource
+``warmwatch_upstream_watch_restarts_total`` with ``reason="idle"`` (a silent watch replaced)
+or ``"error"`` must grow by at least its number of shapes (every reflector replaced its
+silent watch), and after the toxics are removed every shape must be current again within
+120 s. The
 timeline, the log lines and the metric deltas are recorded in ``summary.json``
 (``blackholes``); a blackhole not noticed or not recovered from is a ``fault_failures`` entry,
 printed before the summary line, and fails the run like a violation.
@@ -1119,10 +1122,11 @@ class Injector:
             ),
         }
         for resource in RESOURCES:
-            values[f"watch_restarts_error {resource.flag}"] = metric(
-                "warmwatch_upstream_watch_restarts_total",
-                {"resource": resource.flag, "reason": "error"},
-            )
+            for reason in ("error", "idle"):
+                values[f"watch_restarts_{reason} {resource.flag}"] = metric(
+                    "warmwatch_upstream_watch_restarts_total",
+                    {"resource": resource.flag, "reason": reason},
+                )
         return values
 
     RETRYING = re.compile(r"proxy\.upstream\.reflecting: (\S+): (.*); retrying in ")
@@ -1193,13 +1197,16 @@ class Injector:
         }
         shapes_of = Counter(shape.split(";")[0] for shape in self.shapes)
         for resource in RESOURCES:
-            restarts = record["during"][f"watch_restarts_error {resource.flag}"]
-            if resource.flag not in first or restarts < shapes_of[resource.flag]:
+            during = record["during"]
+            restarts = sum(
+                during[f"watch_restarts_{reason} {resource.flag}"] for reason in ("error", "idle")
+            )
+            if restarts < shapes_of[resource.flag]:
                 self.failures.append(
                     f"blackhole {len(self.blackholes)}: warmwatch did not notice for "
-                    f"{resource.flag} within {held:.1f}s (retrying lines: "
-                    f"{resource.flag in first}, watch restarts (error): {restarts:g} for "
-                    f"{shapes_of[resource.flag]} shapes)"
+                    f"{resource.flag} within {held:.1f}s (watch restarts, silent or failed: "
+                    f"{restarts:g} for {shapes_of[resource.flag]} shapes; retrying lines: "
+                    f"{resource.flag in first})"
                 )
         if recovered is None:
             self.failures.append(

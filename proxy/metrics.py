@@ -167,7 +167,7 @@ class Metrics:
         )
         self.watch_restarts: Final = Counter(
             f"{PREFIX}upstream_watch_restarts",
-            "Upstream watches re-established, by reason (timeout, expired, error, ...).",
+            "Upstream watches re-established, by reason (ended, idle, error).",
             ("resource", "reason"),
             registry=r,
         )

@@ -274,7 +274,7 @@ def present(
     connection.execute("BEGIN")
     try:
         rows = rows_for_keys(
-            connection, columns="namespace, name", gen=_GEN, param=shape_id, keys=keys
+            connection, columns=("namespace", "name"), gen=_GEN, param=shape_id, keys=keys
         )
         return tuple((str(ns), str(name)) for ns, name in rows)
     finally:
@@ -284,22 +284,28 @@ def present(
 def rows_for_keys(
     connection: sqlite3.Connection,
     *,
-    columns: str,
+    columns: Sequence[str],
     gen: str,
     param: int,
     keys: Sequence[tuple[str, str]],
 ) -> list[Any]:
     """``columns`` of the objects of generation ``gen`` (an SQL expression of the one
     parameter ``param``) whose (namespace, name) is among ``keys``, asked in chunks that
-    stay under SQLite's bound-parameter limit."""
+    stay under SQLite's bound-parameter limit.
+
+    The keys are joined to the table, one primary-key seek each. Asked as ``(namespace, name)
+    IN (VALUES ...)``, SQLite scanned the whole generation for every chunk and tested each
+    row against the list: a relist of 500,000 objects into a cache of 1,000,000 staged 760
+    objects/s."""
+    selected = ", ".join(f"o.{column}" for column in columns)
     found: list[Any] = []
     for start in range(0, len(keys), 400):
         chunk = keys[start : start + 400]
         values = ",".join("(?, ?)" for _ in chunk)
         found += connection.execute(
-            f"SELECT {columns} FROM objects WHERE gen = {gen} AND "
-            f"(namespace, name) IN (VALUES {values})",
-            (param, *(part for key in chunk for part in key)),
+            f"SELECT {selected} FROM (VALUES {values}) AS k JOIN objects AS o "
+            f"ON o.gen = {gen} AND o.namespace = k.column1 AND o.name = k.column2",
+            (*(part for key in chunk for part in key), param),
         ).fetchall()
     return found
 
@@ -327,3 +333,9 @@ def get_document(
 def document_keys(connection: sqlite3.Connection) -> list[str]:
     """The keys of every stored discovery document."""
     return [str(row[0]) for row in connection.execute("SELECT key FROM discovery")]
+
+
+def log_start(connection: sqlite3.Connection, *, shape_id: int) -> str | None:
+    """The RV the shape's retained log starts at (None before its first list)."""
+    row = connection.execute("SELECT log_start_rv FROM shapes WHERE id = ?", (shape_id,)).fetchone()
+    return row[0] if row else None

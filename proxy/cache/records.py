@@ -104,7 +104,7 @@ def change_from_protobuf(change_type: ChangeType, raw: bytes) -> Change:
         namespace=meta.namespace,
         name=meta.name,
         uid=meta.uid,
-        labels=orjson.dumps(protobuf.labels_of(raw), option=orjson.OPT_SORT_KEYS),
+        labels=orjson.dumps(meta.labels, option=orjson.OPT_SORT_KEYS),
         raw=raw,
     )
 

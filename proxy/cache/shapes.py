@@ -12,7 +12,9 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
+from proxy.cache.tailing import ShapeLog
 from proxy.kube.resources import GroupVersionResource
 from proxy.kube.selectors import FieldSelector, LabelSelector
 
@@ -87,13 +89,74 @@ class ShapeKey:
             text += f";{self.encoding}"
         return text
 
-    @property
-    def is_broad(self) -> bool:
-        """No selectors: it can serve narrower requests by filtering locally."""
-        return not self.label_selector and not self.field_selector
-
     def __str__(self) -> str:
         return self.identity
+
+
+@dataclass(kw_only=True, eq=False)
+class Shape:
+    """A shape's state as the writer last committed it (mirrors its ``shapes`` row), and the
+    ring its watchers read."""
+
+    id: int
+    key: ShapeKey
+    configured: bool
+    kind: str
+    api_version: str
+    rv: str | None
+    log_start_rv: str | None
+    used_at: float
+    log: ShapeLog
+    unpublished: bool = False
+    """An abandoned relist left log entries past the published ones: they are deleted
+    (``writing.drop_unpublished``) before the shape's next append."""
+
+    @classmethod
+    def from_row(cls, row: tuple[Any, ...], *, ring_size: int) -> Shape:
+        """From a row of ``writing.SHAPE_COLUMNS``."""
+        (
+            id_,
+            group,
+            version,
+            resource,
+            namespace,
+            label_selector,
+            field_selector,
+            encoding,
+            configured,
+            kind,
+            api_version,
+            rv,
+            log_start_rv,
+            last_seq,
+            used_at,
+            unpublished,
+        ) = row
+        key = ShapeKey(
+            group=group,
+            version=version,
+            resource=resource,
+            namespace=namespace,
+            label_selector=label_selector,
+            field_selector=field_selector,
+            encoding=Encoding(encoding),
+        )
+        return cls(
+            id=id_,
+            key=key,
+            configured=bool(configured),
+            kind=kind,
+            api_version=api_version,
+            rv=rv,
+            log_start_rv=log_start_rv,
+            used_at=used_at,
+            log=ShapeLog(last_seq=last_seq, ring_size=ring_size),
+            unpublished=bool(unpublished),
+        )
+
+    @property
+    def resource(self) -> str:
+        return self.key.gvr_label
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -1,9 +1,11 @@
 """The cache: one SQLite file, one writer, readers on their own connections.
 
-:class:`Store` is the async shell around ``writing`` (transactions) and ``tailing``
-(fan-out). The writer connection serialises every write; each write is one transaction and is
-published to watchers only after it committed. Readers take a consistent snapshot (a read
-transaction in WAL mode) so a LIST streams one RV's state however long it takes.
+:class:`Store` is the async shell around ``writing`` (the writer's transactions), ``reading``
+(queries, on ``pooling.Readers``) and ``tailing`` (each shape's ring of new log entries), and
+holds the registry of shapes (``shapes.Shape``). The writer connection serialises every write;
+each write is one transaction and is published to watchers only after it committed. Readers
+take a consistent snapshot (a read transaction in WAL mode) so a LIST streams one RV's state
+however long it takes (docs/design.md §3).
 """
 
 from __future__ import annotations
@@ -20,12 +22,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import aiosqlite
-import orjson
 
 from proxy.cache import memory, reading, schema, writing
+from proxy.cache.pooling import Readers, Snapshot, connect, on_thread
 from proxy.cache.records import Change, EventRecord
-from proxy.cache.shapes import Encoding, ShapeKey
-from proxy.cache.tailing import RING_SIZE, ShapeLog
+from proxy.cache.shapes import Shape, ShapeKey
+from proxy.cache.tailing import RING_SIZE
 from proxy.kube.status import StatusError
 from proxy.metrics import Metrics
 
@@ -72,85 +74,6 @@ class StoreSettings:
     """Newest log entries per shape kept in memory for watchers."""
 
 
-@dataclass(kw_only=True, eq=False)
-class Shape:
-    """A shape's state as the writer last committed it (mirrors its ``shapes`` row)."""
-
-    id: int
-    key: ShapeKey
-    configured: bool
-    kind: str
-    api_version: str
-    rv: str | None
-    log_start_rv: str | None
-    used_at: float
-    log: ShapeLog
-
-    @property
-    def resource(self) -> str:
-        return self.key.gvr_label
-
-
-RowT = TypeVar("RowT", reading.Row, reading.Head)
-
-SNAPSHOT_BATCH_BYTES = 1 << 20
-"""A snapshot's batches hold at most about this many bytes of objects (and at most ``batch``
-rows): a LIST of large objects to a client that stopped reading pins one such batch."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Snapshot:
-    """One consistent read of a shape: its RV, the log position of that state, and its
-    objects, read as often as needed within the same read transaction
-    (``reading.begin_snapshot``)."""
-
-    rv: str
-    last_seq: int
-    kind: str
-    api_version: str
-    _db: aiosqlite.Connection
-    _gen: int
-    _namespace: str | None
-    _batch: int
-
-    async def _pages(self, read: Callable[..., list[RowT]]) -> AsyncIterator[list[RowT]]:
-        after: tuple[str, str] | None = None
-        while True:
-            page = await _on_thread(
-                self._db,
-                read,
-                gen=self._gen,
-                namespace=self._namespace,
-                after=after,
-                limit=self._batch,
-                max_bytes=SNAPSHOT_BATCH_BYTES,
-            )
-            if not page:
-                return
-            yield page
-            after = (page[-1][0], page[-1][1])
-
-    @property
-    def rows(self) -> AsyncIterator[list[reading.Row]]:
-        """Batches of rows, ordered by key."""
-        return self._pages(reading.object_rows)
-
-    @property
-    def heads(self) -> AsyncIterator[list[reading.Head]]:
-        """The same rows' keys, labels and sizes, without their bodies."""
-        return self._pages(reading.object_heads)
-
-
-async def _on_thread(db: aiosqlite.Connection, function: Callable[..., T], **kwargs: Any) -> T:
-    """Run ``function(connection, **kwargs)`` on the connection's own thread.
-
-    aiosqlite runs every call on one thread per connection; a whole transaction is shipped there
-    in one hop rather than one await per statement. ``_execute``/``_conn`` are aiosqlite's own
-    entry points for this (stable across 0.17-0.22); this is the one place we use them.
-    """
-    return await db._execute(lambda: function(db._conn, **kwargs))  # type: ignore[no-any-return,no-untyped-call]
-
-
 class Store:
     def __init__(
         self, *, settings: StoreSettings, writer: aiosqlite.Connection, metrics: Metrics | None
@@ -164,10 +87,13 @@ class Store:
         looks for new ones; the writer's thread checkpoints its own)."""
         self._autocheckpoint = schema.AUTOCHECKPOINT_PAGES
         """The writer's ``wal_autocheckpoint`` now: 0 for inline commits (:meth:`_write`)."""
-        self._readers: asyncio.Queue[aiosqlite.Connection] = asyncio.Queue()
-        self._reader_count = 0
-        self._reader_lock = asyncio.Lock()
-        self._shape_lock = asyncio.Lock()
+        self._readers = Readers(
+            path=settings.path, synchronous=settings.synchronous, size=settings.readers
+        )
+        self._new_shapes: dict[ShapeKey, bool] = {}
+        """Shapes asked for and not inserted yet (and whether configured): the next
+        :meth:`_insert_new_shapes` inserts them all in one transaction."""
+        self._inserting: asyncio.Task[None] | None = None
         self.shapes: dict[ShapeKey, Shape] = {}
         self.storage_error: str | None = None
         """The last write failure (disk full, I/O error), cleared by the next success."""
@@ -189,7 +115,7 @@ class Store:
                     f"an integrity check found it broken: {marker.read_text()}"
                 )
             writer = await cls._connect(settings)
-            await _on_thread(writer, schema.migrate)
+            await on_thread(writer, schema.migrate)
         except (sqlite3.DatabaseError, schema.SchemaError) as error:
             with contextlib.suppress(UnboundLocalError):
                 await writer.close()
@@ -206,72 +132,33 @@ class Store:
                     source.rename(f"{aside}{suffix}")
             marker.unlink(missing_ok=True)
             writer = await cls._connect(settings)
-            await _on_thread(writer, schema.migrate)
-        await _on_thread(writer, _checkpoint, mode="TRUNCATE")
+            await on_thread(writer, schema.migrate)
+        await on_thread(writer, writing.checkpoint, mode="TRUNCATE")
         store = cls(settings=settings, writer=writer, metrics=metrics)
-        for row in await _on_thread(writer, _load_shapes):
+        for row in await on_thread(writer, writing.open_shapes):
             store._remember(row)
         return store
 
     @staticmethod
     async def _connect(settings: StoreSettings) -> aiosqlite.Connection:
-        db = await aiosqlite.connect(
-            settings.path, isolation_level="DEFERRED", check_same_thread=False
-        )
-        await _on_thread(
-            db,
-            schema.configure,
+        return await connect(
+            settings.path,
             synchronous=settings.synchronous,
             cache_kib=schema.WRITER_CACHE_KIB,
+            isolation_level="DEFERRED",
         )
-        return db
 
-    def _remember(self, row: sqlite3.Row | tuple[Any, ...]) -> Shape:
-        (
-            id_,
-            grp,
-            version,
-            resource,
-            namespace,
-            label_selector,
-            field_selector,
-            encoding,
-            configured,
-            kind,
-            api_version,
-            rv,
-            log_start_rv,
-            last_seq,
-            used_at,
-        ) = row
-        key = ShapeKey(
-            group=grp,
-            version=version,
-            resource=resource,
-            namespace=namespace,
-            label_selector=label_selector,
-            field_selector=field_selector,
-            encoding=Encoding(encoding),
-        )
-        shape = Shape(
-            id=id_,
-            key=key,
-            configured=bool(configured),
-            kind=kind,
-            api_version=api_version,
-            rv=rv,
-            log_start_rv=log_start_rv,
-            used_at=used_at,
-            log=ShapeLog(last_seq=last_seq, ring_size=self.settings.ring_size),
-        )
-        self.shapes[key] = shape
+    def _remember(self, row: tuple[Any, ...]) -> Shape:
+        shape = Shape.from_row(row, ring_size=self.settings.ring_size)
+        self.shapes[shape.key] = shape
         return shape
 
     async def close(self) -> None:
         for shape in self.shapes.values():
             shape.log.close()
-        while not self._readers.empty():
-            await self._readers.get_nowait().close()
+        await self._readers.close()
+        if self._inserting is not None:
+            await asyncio.gather(self._inserting, return_exceptions=True)
         async with self._write_lock:
             await self._writer.close()
 
@@ -282,41 +169,63 @@ class Store:
         time: on its thread, or with ``inline`` on the event loop's own (:data:`INLINE_COMMIT`).
         The connection is never used by two threads at once: the write lock is held."""
         async with self._write_lock:
-            started = time.perf_counter()
-            try:
-                connection = self._writer._conn
-                pages = 0 if inline else schema.AUTOCHECKPOINT_PAGES
-                if pages != self._autocheckpoint:  # a pragma: microseconds, the writer idle
-                    connection.execute(f"PRAGMA wal_autocheckpoint = {pages}")
-                    self._autocheckpoint = pages
-                if inline:
-                    result = function(connection, **kwargs)
-                else:
-                    result = await _on_thread(self._writer, function, **kwargs)
-            except sqlite3.Error as error:
-                self.storage_error = f"{type(error).__name__}: {error}"
-                if self.metrics is not None:
-                    self.metrics.storage_errors.inc()
-                raise StorageError(self.storage_error) from error
-            self.storage_error = None
-            self._inline_commits += inline
+            return await self._write_locked(function, inline=inline, **kwargs)
+
+    async def _write_locked(
+        self, function: Callable[..., T], *, inline: bool = False, **kwargs: Any
+    ) -> T:
+        """:meth:`_write` for a caller that holds the write lock."""
+        started = time.perf_counter()
+        try:
+            connection = self._writer._conn
+            pages = 0 if inline else schema.AUTOCHECKPOINT_PAGES
+            if pages != self._autocheckpoint:  # a pragma: microseconds, the writer idle
+                connection.execute(f"PRAGMA wal_autocheckpoint = {pages}")
+                self._autocheckpoint = pages
+            if inline:
+                result = function(connection, **kwargs)
+            else:
+                result = await on_thread(self._writer, function, **kwargs)
+        except sqlite3.Error as error:
+            self.storage_error = f"{type(error).__name__}: {error}"
             if self.metrics is not None:
-                self.metrics.commit_duration.observe(time.perf_counter() - started)
-            return result
+                self.metrics.storage_errors.inc()
+            raise StorageError(self.storage_error) from error
+        self.storage_error = None
+        self._inline_commits += inline
+        if self.metrics is not None:
+            self.metrics.commit_duration.observe(time.perf_counter() - started)
+        return result
 
     async def ensure_shape(self, key: ShapeKey, *, configured: bool) -> Shape:
         """The shape ``key``, created if new. Two clients asking for the same new shape at
-        the same moment get the same one (the check and the insert are one critical
-        section, not two awaits apart)."""
-        async with self._shape_lock:
-            existing = self.shapes.get(key)
-            if existing is not None:
-                if configured and not existing.configured:
-                    await self._write(_set_configured, shape_id=existing.id)
-                    existing.configured = True
-                return existing
-            row = await self._write(_insert_shape, key=key, configured=configured)
-            return self._remember(row)
+        the same moment get the same one.
+
+        New shapes asked for while the writer is busy are inserted together, in one
+        transaction: a controller starting asks for dozens at once (kube-controller-manager:
+        ~60), and inserted one after another, each behind the commits of the fills already
+        under way, they took seconds to learn while a large collection filled."""
+        while (existing := self.shapes.get(key)) is None:
+            self._new_shapes[key] = self._new_shapes.get(key, False) or configured
+            if self._inserting is None:
+                self._inserting = asyncio.create_task(
+                    self._insert_new_shapes(), name="inserting new shapes"
+                )
+            # A caller cancelled (its client left) does not cancel the others' insert.
+            await asyncio.shield(self._inserting)
+        if configured and not existing.configured:
+            existing.configured = True
+            await self._write(writing.set_configured, shape_id=existing.id)
+        return existing
+
+    async def _insert_new_shapes(self) -> None:
+        """Insert every shape asked for until the writer is free for it."""
+        async with self._write_lock:
+            self._inserting = None  # shapes asked for from now on go into the next insert
+            new, self._new_shapes = self._new_shapes, {}
+            rows = await self._write_locked(writing.insert_shapes, shapes=new)
+        for row in rows:
+            self._remember(row)
 
     async def drop_shape(self, shape: Shape) -> None:
         await self._write(writing.discard_shape, shape_id=shape.id)
@@ -331,6 +240,8 @@ class Store:
         """Commit upstream events, then publish them (never the other way round)."""
         if not changes:
             return
+        if shape.unpublished:
+            await self._drop_unpublished(shape)
         committed = await self._write(
             writing.apply_changes,
             inline=len(changes) <= INLINE_COMMIT.changes
@@ -346,8 +257,18 @@ class Store:
         await self._write(writing.stage, shape_id=shape.id, objects=objects)
 
     async def begin_list(self, shape: Shape) -> None:
-        """``writing.begin_list``: before a list's first page (a fill, a relist, a retry)."""
+        """``writing.begin_list``: before a list's first page (a fill, a relist, a retry).
+        What an abandoned relist appended to the log is deleted first, in slices."""
+        if shape.unpublished:
+            await self._drop_unpublished(shape)
         await self._write(writing.begin_list, shape_id=shape.id)
+
+    async def _drop_unpublished(self, shape: Shape) -> None:
+        """``writing.drop_unpublished`` until none is left, a slice per transaction (other
+        shapes commit in between)."""
+        while await self._write(writing.drop_unpublished, shape_id=shape.id):
+            pass
+        shape.unpublished = False
 
     async def finish_list(self, shape: Shape, *, rv: str, kind: str, api_version: str) -> int:
         """Make a staged list visible (a first fill, or a relist in bounded steps between
@@ -364,8 +285,12 @@ class Store:
                 api_version=api_version,
                 tail=self.settings.ring_size,
             )
-            while (published := await self._write(relist.step)) is None:
-                pass
+            try:
+                while (published := await self._write(relist.step)) is None:
+                    pass
+            except BaseException:
+                shape.unpublished = True  # the steps so far appended to the log
+                raise
             committed = published
         shape.rv, shape.kind, shape.api_version = rv, kind, api_version
         if shape.log_start_rv is None:
@@ -390,8 +315,7 @@ class Store:
                 max_events=self.settings.retention_events,
                 max_age=self.settings.retention_seconds,
             )
-            row = await self._write(_shape_log_start, shape_id=shape.id)
-            shape.log_start_rv = row
+            shape.log_start_rv = await self._write(reading.log_start, shape_id=shape.id)
         await self.collect_garbage()  # what an abandoned list or a dropped shape left
         memory.give_back()
         return dropped
@@ -404,107 +328,61 @@ class Store:
         (a long LIST); the WAL restarts at the first commit after a complete one. Runs until
         cancelled."""
         checkpointed = 0
-        db = await self._new_reader()
+        db = await self._readers.open_connection()
         try:
             while True:
                 await asyncio.sleep(interval)
                 if self._inline_commits != checkpointed:
                     checkpointed = self._inline_commits
-                    await _on_thread(db, _checkpoint, mode="PASSIVE")
+                    await on_thread(db, writing.checkpoint, mode="PASSIVE")
         finally:
             await db.close()
 
     async def save_usage(self) -> None:
-        await self._write(_save_usage, used={s.id: s.used_at for s in self.shapes.values()})
+        await self._write(writing.save_usage, used={s.id: s.used_at for s in self.shapes.values()})
 
     # -- discovery documents ----------------------------------------------------------------
 
     async def get_document(self, key: str) -> tuple[int, bytes, bytes, str] | None:
-        return await self._read(reading.get_document, key=key)
+        return await self._readers.read(reading.get_document, key=key)
 
     async def document_keys(self) -> list[str]:
-        return await self._read(reading.document_keys)
+        return await self._readers.read(reading.document_keys)
 
     async def put_document(
         self, key: str, *, status: int, headers: bytes, body: bytes, etag: str
     ) -> None:
         await self._write(
-            _put_document, key=key, status=status, headers=headers, body=body, etag=etag
+            writing.put_document, key=key, status=status, headers=headers, body=body, etag=etag
         )
 
     # -- reading ---------------------------------------------------------------------------
-
-    async def _read(self, function: Callable[..., T], **kwargs: Any) -> T:
-        """``function(connection, **kwargs)`` (a ``reading`` function) on a pooled reader."""
-        async with self._reader() as db:
-            return await _on_thread(db, function, **kwargs)
-
-    @contextlib.asynccontextmanager
-    async def _reader(self) -> AsyncIterator[aiosqlite.Connection]:
-        async with self._reader_lock:
-            if self._readers.empty() and self._reader_count < self.settings.readers:
-                self._readers.put_nowait(await self._new_reader())
-                self._reader_count += 1
-        db = await self._readers.get()
-        try:
-            yield db
-        finally:
-            if db.in_transaction:
-                await db.execute("ROLLBACK")
-            self._readers.put_nowait(db)
-
-    async def _new_reader(self) -> aiosqlite.Connection:
-        """A configured reader connection. One whose opening fails or is cancelled (a task
-        stopped at shutdown) is closed at once: :meth:`close` closes only the pooled ones,
-        and the thread of a connection left open keeps the process from exiting."""
-        db = await aiosqlite.connect(self.settings.path, isolation_level=None)
-        try:
-            await _on_thread(
-                db,
-                schema.configure,
-                synchronous=self.settings.synchronous,
-                cache_kib=schema.READER_CACHE_KIB,
-            )
-        except BaseException:
-            await db.close()
-            raise
-        return db
 
     @contextlib.asynccontextmanager
     async def snapshot(
         self, shape: Shape, *, namespace: str | None = None, batch: int = 1000
     ) -> AsyncIterator[Snapshot]:
-        """A consistent read of the shape's objects at its current RV (a read transaction)."""
-        async with self._reader() as db:
-            head = await _on_thread(db, reading.begin_snapshot, shape_id=shape.id)
-            if head is None:
+        """A consistent read of the shape's objects at its current RV (``pooling.Snapshot``)."""
+        async with self._readers.snapshot(
+            shape_id=shape.id, namespace=namespace, batch=batch
+        ) as snapshot:
+            if snapshot is None:
                 raise StatusError.service_unavailable(
                     f"the cache of {shape.resource} is not filled yet"
                 )
-            try:
-                yield Snapshot(
-                    rv=head.rv,
-                    last_seq=head.last_seq,
-                    kind=head.kind,
-                    api_version=head.api_version,
-                    _db=db,
-                    _gen=head.gen,
-                    _namespace=namespace or None,
-                    _batch=batch,
-                )
-            finally:
-                await _on_thread(db, reading.end_snapshot)
+            yield snapshot
 
     async def read_events(
         self, shape: Shape, *, after: int, limit: int, max_bytes: int | None = None
     ) -> list[EventRecord]:
-        """Committed log entries after seq ``after`` (from memory when the ring reaches; from
-        the database at most ``max_bytes`` of objects, but at least one entry)."""
+        """Committed log entries after seq ``after``: from the shape's ring when it reaches,
+        else from the database (``pooling.Readers.events_after``: at most ``max_bytes`` of
+        objects, but at least one entry; one read shared by every watcher asking the same).
+        The result is shared: callers must not change it."""
         in_memory = shape.log.read_after(after, limit=limit)
         if in_memory is not None:
             return in_memory
-        return await self._read(
-            reading.events_after,
+        return await self._readers.events_after(
             shape_id=shape.id,
             after=after,
             limit=limit,
@@ -515,14 +393,14 @@ class Store:
     async def position(self, shape: Shape, rv: str) -> int:
         """``reading.position`` of ``rv`` in the shape's log."""
         assert shape.rv is not None and shape.log_start_rv is not None
-        return await self._read(reading.position, shape_id=shape.id, rv=rv)
+        return await self._readers.read(reading.position, shape_id=shape.id, rv=rv)
 
     async def check_integrity(self) -> bool:
         """Run SQLite's ``quick_check`` on a reader (in the background: it is O(size)). A
         broken file is reported (``storage_error``, so /readyz fails; logged; counted) and
         marked, and the next start moves it aside and rebuilds from upstream."""
         try:
-            problem = await self._read(schema.integrity_problem)
+            problem = await self._readers.read(schema.integrity_problem)
         except sqlite3.DatabaseError as error:
             problem = str(error)
         if problem is None:
@@ -536,7 +414,7 @@ class Store:
 
     async def get_object(self, shape: Shape, *, namespace: str, name: str) -> bytes | None:
         """``reading.get_object``."""
-        return await self._read(
+        return await self._readers.read(
             reading.get_object, shape_id=shape.id, namespace=namespace, name=name
         )
 
@@ -544,11 +422,11 @@ class Store:
         self, shape: Shape, keys: Sequence[tuple[str, str]]
     ) -> tuple[tuple[str, str], ...]:
         """``reading.present``: which of ``keys`` (namespace, name) the shape holds now."""
-        return await self._read(reading.present, shape_id=shape.id, keys=keys)
+        return await self._readers.read(reading.present, shape_id=shape.id, keys=keys)
 
     async def object_counts(self) -> dict[int, int]:
         """``reading.object_counts``."""
-        return await self._read(reading.object_counts)
+        return await self._readers.read(reading.object_counts)
 
     def size(self) -> tuple[int, int]:
         """Database and WAL file sizes in bytes."""
@@ -566,89 +444,5 @@ class StorageError(Exception):
     rolled back, so the cache is still the consistent state of the last commit."""
 
 
-# -- small transactions (writer thread) ----------------------------------------------------
-
-_SHAPE_COLUMNS = (
-    "id, grp, version, resource, namespace, label_selector, field_selector, encoding, "
-    "configured, kind, api_version, rv, log_start_rv, last_seq, used_at"
-)
-
-
-def _load_shapes(connection: sqlite3.Connection) -> list[tuple[Any, ...]]:
-    # A list interrupted by a crash starts over; what it wrote is garbage, collected in slices
-    # by the first maintenance pass (so a warm start does not wait for it).
-    writing.abandon_lists(connection)
-    return connection.execute(f"SELECT {_SHAPE_COLUMNS} FROM shapes ORDER BY id").fetchall()
-
-
-def _insert_shape(
-    connection: sqlite3.Connection, *, key: ShapeKey, configured: bool
-) -> tuple[Any, ...]:
-    now = time.time()
-    with connection:
-        connection.execute(
-            "INSERT INTO shapes (key, grp, version, resource, namespace, label_selector, "
-            "field_selector, encoding, configured, created_at, used_at, gen) "
-            "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-            (
-                key.identity,
-                key.group,
-                key.version,
-                key.resource,
-                key.namespace,
-                key.label_selector,
-                key.field_selector,
-                str(key.encoding),
-                int(configured),
-                now,
-                now,
-                writing.new_generation(connection),
-            ),
-        )
-        row: tuple[Any, ...] = connection.execute(
-            f"SELECT {_SHAPE_COLUMNS} FROM shapes WHERE key = ?", (key.identity,)
-        ).fetchone()
-    return row
-
-
-def _set_configured(connection: sqlite3.Connection, *, shape_id: int) -> None:
-    with connection:
-        connection.execute("UPDATE shapes SET configured = 1 WHERE id = ?", (shape_id,))
-
-
-def _shape_log_start(connection: sqlite3.Connection, *, shape_id: int) -> str | None:
-    row = connection.execute("SELECT log_start_rv FROM shapes WHERE id = ?", (shape_id,)).fetchone()
-    return row[0] if row else None
-
-
-def _save_usage(connection: sqlite3.Connection, *, used: dict[int, float]) -> None:
-    with connection:
-        connection.executemany(
-            "UPDATE shapes SET used_at = ? WHERE id = ?",
-            ((at, shape_id) for shape_id, at in used.items()),
-        )
-
-
-def _put_document(
-    connection: sqlite3.Connection, *, key: str, status: int, headers: bytes, body: bytes, etag: str
-) -> None:
-    with connection:
-        connection.execute(
-            "INSERT OR REPLACE INTO discovery (key, status, headers, body, etag, stored_at) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
-            (key, status, headers, body, etag, time.time()),
-        )
-
-
 def _corrupt_marker(path: Path) -> Path:
     return path.with_name(f"{path.name}.corrupt")
-
-
-def _checkpoint(connection: sqlite3.Connection, *, mode: str) -> None:
-    """TRUNCATE at start (nobody reads yet); PASSIVE otherwise: it copies what it can and
-    never waits for readers, whose snapshots (a long LIST) would hold the writer up."""
-    connection.execute(f"PRAGMA wal_checkpoint({mode})")
-
-
-def encode_headers(headers: Sequence[tuple[str, str]]) -> bytes:
-    return orjson.dumps([list(h) for h in headers])

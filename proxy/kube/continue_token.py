@@ -46,11 +46,6 @@ class ContinueToken:
     resource_version: int
     start_key: str
 
-    @property
-    def at_latest(self) -> bool:
-        """``rv < 0``: the list continues at the latest revision (inconsistent list)."""
-        return self.resource_version < 0
-
     @classmethod
     def decode(cls, value: str) -> ContinueToken:
         """``storage.DecodeContinue``; the returned ``start_key`` is cleaned and relative

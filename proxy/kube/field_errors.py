@@ -85,13 +85,6 @@ class FieldError:
         )
 
     @classmethod
-    def invalid_values(cls, *, field: str, values: Sequence[str], detail: str) -> FieldError:
-        """``field.Invalid`` with a ``[]string`` value (rendered as JSON)."""
-        return cls(
-            type=FieldErrorType.INVALID, field=field, bad_value=go_json(values), detail=detail
-        )
-
-    @classmethod
     def not_supported(cls, *, field: str, value: str, supported: Sequence[str]) -> FieldError:
         """``field.NotSupported``. The value is rendered as JSON, as Go does for the named
         string types this is used with (``metav1.ResourceVersionMatch``)."""

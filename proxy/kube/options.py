@@ -150,10 +150,6 @@ class ListOptions:
         """``limit`` when it asks for pagination (``> 0``), else None."""
         return self.limit if self.limit is not None and self.limit > 0 else None
 
-    def decoded_continue_token(self) -> ContinueToken | None:
-        """The decoded ``continue`` token (raises :class:`InvalidContinueToken`)."""
-        return ContinueToken.decode(self.continue_token) if self.continue_token else None
-
 
 def decode_list_options(query: QueryInput, *, watch_path: bool = False) -> ListOptions:
     """Step 1: decode the query. Raises 400 BadRequest :class:`StatusError`."""

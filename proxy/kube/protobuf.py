@@ -76,19 +76,65 @@ def fields(data: bytes | memoryview) -> Iterator[tuple[int, int, int | memoryvie
             raise ProtobufError(f"unsupported wire type {wire}")
 
 
+def _delimited(
+    data: bytes | memoryview, *, repeated: int = 0
+) -> tuple[dict[int, memoryview], list[memoryview]]:
+    """A message's length-delimited fields in one pass: the last occurrence of each (protobuf:
+    last one wins), and every occurrence of field ``repeated`` (a repeated field or a map)
+    in order. Other fields are skipped; malformed input raises as :func:`fields` does.
+
+    This is the hot path of a fill (every object's envelope and ObjectMeta): one walk per
+    message, and the one-byte varints of tags and short lengths read inline."""
+    view = memoryview(data)
+    end = len(view)
+    found: dict[int, memoryview] = {}
+    entries: list[memoryview] = []
+    at = 0
+    while at < end:
+        tag = view[at]
+        if tag < 0x80:
+            at += 1
+        else:
+            tag, at = read_varint(view, at)
+        number, wire = tag >> 3, tag & 7
+        if number == 0:
+            raise ProtobufError("field number 0")
+        if wire == 2:
+            if at < end and view[at] < 0x80:
+                length = view[at]
+                at += 1
+            else:
+                length, at = read_varint(view, at)
+            stop = at + length
+            if stop > end:
+                raise ProtobufError("truncated length-delimited field")
+            if number == repeated:
+                entries.append(view[at:stop])
+            else:
+                found[number] = view[at:stop]
+            at = stop
+        elif wire == 0:
+            _, at = read_varint(view, at)
+        elif wire in (1, 5):
+            at += 8 if wire == 1 else 4
+            if at > end:
+                raise ProtobufError("truncated fixed-width field")
+        else:
+            raise ProtobufError(f"unsupported wire type {wire}")
+    return found, entries
+
+
 def _first(data: bytes | memoryview, number: int) -> memoryview | None:
     """The last occurrence of length-delimited field ``number`` (protobuf: last one wins)."""
-    found = None
-    for n, wire, value in fields(data):
-        if n == number and wire == 2:
-            assert isinstance(value, memoryview)
-            found = value
-    return found
+    return _delimited(data)[0].get(number)
+
+
+def _decoded(value: memoryview | None) -> str:
+    return str(value, "utf-8") if value is not None else ""
 
 
 def _text(data: bytes | memoryview | None, number: int) -> str:
-    value = _first(data, number) if data is not None else None
-    return bytes(value).decode() if value is not None else ""
+    return _decoded(_first(data, number)) if data is not None else ""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -105,13 +151,12 @@ def unwrap(body: bytes | memoryview) -> Envelope:
     view = memoryview(body)
     if view[: len(PREFIX)] != PREFIX:
         raise ProtobufError("no k8s protobuf prefix")
-    unknown = view[len(PREFIX) :]
-    type_meta = _first(unknown, 1)
-    raw = _first(unknown, 2)
+    unknown, _ = _delimited(view[len(PREFIX) :])
+    type_meta, _ = _delimited(unknown[1]) if 1 in unknown else ({}, [])
     return Envelope(
-        api_version=_text(type_meta, 1),
-        kind=_text(type_meta, 2),
-        raw=raw if raw is not None else memoryview(b""),
+        api_version=_decoded(type_meta.get(1)),
+        kind=_decoded(type_meta.get(2)),
+        raw=unknown.get(2, memoryview(b"")),
     )
 
 
@@ -121,42 +166,40 @@ class ObjectMeta:
     namespace: str
     uid: str
     resource_version: str
+    labels: dict[str, str]
 
 
 def object_meta(raw: bytes | memoryview) -> ObjectMeta:
-    """The ObjectMeta (field 1) of an object's own message."""
+    """The ObjectMeta (field 1) of an object's own message, with its ``labels`` (field 11, a
+    map: entries of key 1, value 2)."""
     meta = _first(raw, 1)
+    found, entries = _delimited(meta, repeated=11) if meta is not None else ({}, [])
     return ObjectMeta(
-        name=_text(meta, 1),
-        namespace=_text(meta, 3),
-        uid=_text(meta, 5),
-        resource_version=_text(meta, 6),
+        name=_decoded(found.get(1)),
+        namespace=_decoded(found.get(3)),
+        uid=_decoded(found.get(5)),
+        resource_version=_decoded(found.get(6)),
+        labels=_string_map(entries),
     )
+
+
+def _string_map(entries: list[memoryview]) -> dict[str, str]:
+    """A ``map<string, string>`` from its entries (key 1, value 2; a later key wins)."""
+    mapping = {}
+    for entry in entries:
+        parts, _ = _delimited(entry)
+        mapping[_decoded(parts.get(1))] = _decoded(parts.get(2))
+    return mapping
 
 
 # ------------------------------------------------------------------------------ reading more
 
 
-def _meta_map(raw: bytes | memoryview, number: int) -> dict[str, str]:
-    meta = _first(raw, 1)
-    found: dict[str, str] = {}
-    if meta is None:
-        return found
-    for n, wire, value in fields(meta):
-        if n == number and wire == 2:
-            assert isinstance(value, memoryview)
-            found[_text(value, 1)] = _text(value, 2)
-    return found
-
-
-def labels_of(raw: bytes | memoryview) -> dict[str, str]:
-    """ObjectMeta's ``labels`` (field 11, a map: entries of key 1, value 2)."""
-    return _meta_map(raw, 11)
-
-
 def annotations_of(raw: bytes | memoryview) -> dict[str, str]:
-    """ObjectMeta's ``annotations`` (field 12)."""
-    return _meta_map(raw, 12)
+    """ObjectMeta's ``annotations`` (field 12, a map like ``labels``)."""
+    meta = _first(raw, 1)
+    _, entries = _delimited(meta, repeated=12) if meta is not None else ({}, [])
+    return _string_map(entries)
 
 
 def status_fields(raw: bytes | memoryview) -> tuple[int, str, str]:
@@ -207,10 +250,10 @@ def list_parts(raw: bytes | memoryview) -> tuple[ListMeta, list[memoryview]]:
 def watch_event(message: bytes | memoryview) -> tuple[str, memoryview]:
     """A ``WatchEvent { 1: type, 2: RawExtension { 1: raw } }``: its type and its object,
     itself a prefixed ``runtime.Unknown``."""
-    event_type = _text(message, 1)
-    extension = _first(message, 2)
+    event, _ = _delimited(message)
+    extension = event.get(2)
     raw = _first(extension, 1) if extension is not None else None
-    return event_type, raw if raw is not None else memoryview(b"")
+    return _decoded(event.get(1)), raw if raw is not None else memoryview(b"")
 
 
 # ------------------------------------------------------------------------------ writing

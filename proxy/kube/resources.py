@@ -204,18 +204,3 @@ class RequestPath:
         """The deprecated ``/watch/`` prefix: the request is a WATCH (the apiserver's
         ``forceWatch``), even without ``watch=true``."""
         return self.watch_prefix
-
-    def to_path(self, *, watch_prefix: bool | None = None) -> str:
-        """Rebuild the path (optionally with/without the ``/watch/`` prefix)."""
-        prefix = self.gvr.api_prefix
-        if self.watch_prefix if watch_prefix is None else watch_prefix:
-            prefix += "/watch"
-        parts = [prefix]
-        if self.namespace is not None:
-            parts += ["namespaces", self.namespace]
-        parts.append(self.gvr.resource)
-        if self.name is not None:
-            parts.append(self.name)
-            if self.subresource is not None:
-                parts.append(self.subresource)
-        return "/".join(parts)

@@ -558,11 +558,6 @@ class FieldSelector:
     def is_everything(self) -> bool:
         return not self.requirements
 
-    @property
-    def field_labels(self) -> frozenset[str]:
-        """The field labels the selector mentions."""
-        return frozenset(r.field for r in self.requirements)
-
     def matches(self, fields: Mapping[str, str]) -> bool:
         return all(requirement.matches(fields) for requirement in self.requirements)
 

@@ -67,7 +67,6 @@ class CauseType(enum.StrEnum):
     """Non-field ``metav1.CauseType`` values (field ones are ``FieldErrorType``)."""
 
     RESOURCE_VERSION_TOO_LARGE = "ResourceVersionTooLarge"
-    UNEXPECTED_SERVER_RESPONSE = "UnexpectedServerResponse"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -108,17 +107,6 @@ class Details:
     uid: str = ""
     causes: tuple[Cause, ...] = ()
     retry_after_seconds: int = 0
-
-    @property
-    def is_empty(self) -> bool:
-        return not (
-            self.name
-            or self.group
-            or self.kind
-            or self.uid
-            or self.causes
-            or self.retry_after_seconds
-        )
 
     def to_payload(self) -> StatusDetails:
         out: StatusDetails = {}

@@ -20,7 +20,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from proxy.cache.freshness import RecentWrites, reached
-from proxy.cache.store import Shape
+from proxy.cache.shapes import Shape
 from proxy.kube import protobuf
 from proxy.kube.resources import RequestPath
 from proxy.serve.context import Context

@@ -26,8 +26,8 @@ from typing import Any
 from aiohttp import web
 
 from proxy.cache.filtering import Filter
-from proxy.cache.shapes import Encoding
-from proxy.cache.store import Shape, Snapshot
+from proxy.cache.pooling import Snapshot
+from proxy.cache.shapes import Encoding, Shape
 from proxy.kube import protobuf, versions
 from proxy.kube.status import StatusError
 from proxy.serve import rendering

@@ -8,15 +8,15 @@ is ``{"kind":K,"apiVersion":V,"metadata":{"resourceVersion":RV},"items":[...]}\\
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import orjson
 
-from proxy.cache.filtering import event_object
+from proxy.cache.filtering import Filter, event_object
 from proxy.cache.records import ChangeType, EventRecord
-from proxy.cache.shapes import Encoding
-from proxy.cache.store import Shape
+from proxy.cache.shapes import Encoding, Shape
 from proxy.kube import protobuf
 from proxy.kube.payloads import INITIAL_EVENTS_END_ANNOTATION
 from proxy.kube.status import StatusError
@@ -235,13 +235,34 @@ class Frames:
 class ShapeFrames:
     """One shape's frames in one rendering, the newest kept up to ``max_bytes``."""
 
-    __slots__ = ("by_key", "max_bytes", "renderer", "size")
+    __slots__ = ("_batch_of", "_batches", "by_key", "max_bytes", "renderer", "size")
 
     def __init__(self, renderer: Renderer, *, max_bytes: int) -> None:
         self.renderer = renderer
         self.max_bytes = max_bytes
         self.by_key: dict[tuple[int, ChangeType], bytes] = {}
         self.size = 0
+        self._batch_of: Sequence[EventRecord] | None = None
+        self._batches: dict[Filter, tuple[bytes, int]] = {}
+
+    def batch(self, records: Sequence[EventRecord], view: Filter) -> tuple[bytes, int]:
+        """The frames a watcher with filter ``view`` sends for ``records`` (a batch the
+        writer just published), joined, and how many. Every watcher with an equal filter sends
+        the same bytes, so they are joined once per batch and filter: the watchers that
+        follow a shape parked (``Watch.offer``) share one join per commit. Only the newest
+        batch is kept."""
+        if records is not self._batch_of:
+            self._batch_of = records
+            self._batches.clear()
+        joined = self._batches.get(view)
+        if joined is None:
+            frames = [
+                self.event(record, event_type)
+                for record in records
+                if (event_type := view.event_type(record)) is not None
+            ]
+            joined = self._batches[view] = (b"".join(frames), len(frames))
+        return joined
 
     def event(self, record: EventRecord, event_type: ChangeType) -> bytes:
         """The frame of ``record`` sent as ``event_type`` (``Filter.event_type``'s choice)."""

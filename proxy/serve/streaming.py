@@ -18,10 +18,11 @@ from collections.abc import Awaitable, Callable
 from typing import Final
 
 from aiohttp import web
+from aiohttp.http_writer import StreamWriter
 
 from proxy.upstream.forwarding import cut
 
-__all__ = ["PIECE", "Pieces", "Send", "SlowClient", "cut", "write_within"]
+__all__ = ["PIECE", "Pieces", "Send", "SlowClient", "cut", "write_now", "write_within"]
 
 PIECE: Final = 64 * 1024
 """Bytes gathered into one write: the size of the transport's high-water mark, so a write
@@ -48,11 +49,7 @@ async def write_within(
     then waits for it to drain). So given the ``transport``, a write of less than the mark
     into an empty buffer cannot wait and goes without a timer: the common case of a client
     that keeps up, where arming and cancelling the timer was a tenth of a watcher's work."""
-    if (
-        isinstance(transport, asyncio.WriteTransport)
-        and transport.get_write_buffer_size() == 0
-        and len(data) < transport.get_write_buffer_limits()[1]
-    ):
+    if takes_at_once(transport, len(data)):
         await response.write(data)
         return
     try:
@@ -60,6 +57,44 @@ async def write_within(
             await response.write(data)
     except TimeoutError:
         raise SlowClient from None
+
+
+def takes_at_once(transport: asyncio.BaseTransport | None, size: int) -> bool:
+    """A write of ``size`` bytes into ``transport`` cannot wait: its buffer is empty and the
+    write stays below the buffer's high-water mark. (uvloop's transports are not registered as
+    ``asyncio.WriteTransport``, so they are recognised by their methods.)"""
+    if transport is None or transport.is_closing():
+        return False
+    buffered = getattr(transport, "get_write_buffer_size", None)
+    limits = getattr(transport, "get_write_buffer_limits", None)
+    if buffered is None or limits is None:
+        return False
+    return bool(buffered() == 0 and size < limits()[1])
+
+
+def write_now(
+    response: web.StreamResponse, data: bytes, *, transport: asyncio.BaseTransport | None
+) -> bool:
+    """Write ``data`` into the answer from synchronous code, or return False having written
+    nothing: when the transport's buffer is not empty (the client is behind: the caller's
+    own loop then writes with the deadline) or ``data`` would fill it past its high-water
+    mark.
+
+    aiohttp's writer frames the data (chunked encoding) and hands it to the transport
+    synchronously; it awaits only to drain (not asked for here), to compress, or for a
+    ``on_chunk_sent`` signal, neither of which a streamed answer of ours has. So its
+    coroutine is driven by hand: one step that must finish. Should a future aiohttp suspend
+    there, it suspends before writing and is closed: nothing was written, False."""
+    writer = response._payload_writer  # no public synchronous write exists
+    if not isinstance(writer, StreamWriter) or not takes_at_once(transport, len(data)):
+        return False
+    step = writer.write(data, drain=False)
+    try:
+        step.send(None)
+    except StopIteration:
+        return True
+    step.close()
+    return False
 
 
 class Pieces:

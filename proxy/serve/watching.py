@@ -2,9 +2,12 @@
 
 A watcher is a cursor into the shape's committed log: it starts from the state snapshot (RV
 unset/"0", WatchList) or from the log position of RV N, then reads whatever was committed after
-its cursor — from memory, or from the database when it has fallen behind. It never holds up the
-writer or other watchers; if its own client stops reading it is closed, and the client resumes
-from its last RV out of the log.
+its cursor — from memory, or from the database when it has fallen behind. Once it has sent
+everything it parks as the log's follower (``cache/tailing.py``): the next commits are written
+to its client from the publishing writer itself as long as the client's socket takes them at
+once, and otherwise it is woken to write them in its own loop, with the write deadline. It
+never holds up the writer or other watchers; if its own client stops reading it is closed, and
+the client resumes from its last RV out of the log.
 
 Failures after the stream started are ERROR events (a Status), then the stream ends.
 """
@@ -17,13 +20,15 @@ import logging
 import math
 import random
 import time
+from collections.abc import Sequence
 
 from aiohttp import web
 
 from proxy.cache.filtering import Filter
+from proxy.cache.pooling import Snapshot
 from proxy.cache.reading import LogTrimmed, TooNew
-from proxy.cache.records import ChangeType
-from proxy.cache.store import Shape, Snapshot
+from proxy.cache.records import ChangeType, EventRecord
+from proxy.cache.shapes import Shape
 from proxy.kube import versions
 from proxy.kube.options import ListOptions, WatchStart, WatchStartKind
 from proxy.kube.status import StatusError
@@ -31,7 +36,7 @@ from proxy.serve.authorizing import Grant
 from proxy.serve.context import Context
 from proxy.serve.listing import wait_for_rv
 from proxy.serve.rendering import Renderer
-from proxy.serve.streaming import Pieces, SlowClient, cut, write_within
+from proxy.serve.streaming import Pieces, SlowClient, cut, write_now, write_within
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +85,11 @@ class Watch:
         """RV of the newest log entry this watcher has passed (sent or filtered out)."""
         self._snapshot: Snapshot | None = None
         """The initial state, from :meth:`_begin` until :meth:`_send_initial` sent it."""
+        self._frames = ctx.frames.of(shape, renderer)
+        self._events_out = ctx.metrics.events_out.labels(resource=shape.resource)
+        self._delivery_lag = ctx.metrics.event_delivery_lag.labels(resource=shape.resource)
+        self._woken: asyncio.Future[None] | None = None
+        """While parked (:meth:`_park`): resolved by :meth:`wake`."""
 
     # -- writing -----------------------------------------------------------------------------
 
@@ -250,13 +260,16 @@ class Watch:
             self.revoked = True
         return not self.revoked
 
+    def _sent(self, count: int, newest: EventRecord) -> None:
+        if count:
+            self._events_out.inc(count)
+            # Commit to written, for the newest of the batch (the oldest lag more).
+            self._delivery_lag.observe(max(time.time() - newest.at, 0.0))
+
     async def _follow(self) -> None:
         settings = self.ctx.settings
         next_bookmark = time.monotonic() + settings.bookmark_interval
-        shape, view = self.shape, self.view
-        frames = self.ctx.frames.of(shape, self.renderer)
-        events_out = self.ctx.metrics.events_out.labels(resource=shape.resource)
-        delivery_lag = self.ctx.metrics.event_delivery_lag.labels(resource=shape.resource)
+        view, frames = self.view, self._frames
         recheck = self.grant.delegation.settings.allow_ttl if self.grant is not None else math.inf
         next_recheck = time.monotonic() + recheck
         while True:
@@ -283,10 +296,7 @@ class Watch:
                         sent += 1
                     self.cursor, self.position_rv = record.seq, record.rv
                 await pieces.flush()
-                if sent:
-                    events_out.inc(sent)
-                    # Commit to written, for the newest of the batch (the oldest lag more).
-                    delivery_lag.observe(max(time.time() - records[-1].at, 0.0))
+                self._sent(sent, records[-1])
                 continue
             now = time.monotonic()
             if now >= self.deadline or self.shape.log.closed:
@@ -297,4 +307,37 @@ class Watch:
             if self.request.transport is None or self.request.transport.is_closing():
                 return
             wait = min(self.deadline, next_bookmark, next_recheck, now + settings.idle_check) - now
-            await self.shape.log.wait_beyond(self.cursor, timeout=max(wait, 0.0))
+            await self._park(max(wait, 0.0))
+
+    async def _park(self, timeout: float) -> None:
+        """Wait at most ``timeout`` as the log's follower: what is committed meanwhile is
+        written by :meth:`offer` where it can be, and otherwise :meth:`wake` ends the wait."""
+        log = self.shape.log
+        self._woken = woken = asyncio.get_running_loop().create_future()
+        if not log.park(self, cursor=self.cursor):
+            return  # something is already committed after the cursor: read it
+        try:
+            async with asyncio.timeout(timeout):
+                await woken
+        except TimeoutError:
+            pass
+        finally:
+            log.unpark(self)
+            self._woken = None
+
+    def wake(self) -> None:
+        if self._woken is not None and not self._woken.done():
+            self._woken.set_result(None)
+
+    def offer(self, records: Sequence[EventRecord]) -> bool:
+        """``tailing.Follower.offer``: while parked, the records that follow the cursor are
+        written at once when the client's socket takes them without waiting (it is keeping
+        up); otherwise False, and the watch writes them itself, with its write deadline."""
+        if records[0].seq != self.cursor + 1:
+            return False
+        data, count = self._frames.batch(records, self.view)
+        if count and not write_now(self.response, data, transport=self.request.transport):
+            return False
+        self.cursor, self.position_rv = records[-1].seq, records[-1].rv
+        self._sent(count, records[-1])
+        return True

@@ -54,6 +54,7 @@ from proxy.metrics import Metrics
 from proxy.upstream.errors import (
     UpstreamAuthError,
     UpstreamProtocolError,
+    UpstreamSilent,
     UpstreamStatusError,
     UpstreamUnavailable,
 )
@@ -109,9 +110,9 @@ class ConnectionSettings:
 
     stream_idle_timeout: float | None = None
     """Read-idle limit for watches and other streams (no total limit). None: none by
-    default, because a watch without bookmarks may legitimately be silent for its whole
-    ``timeoutSeconds``; reflectors, which ask for bookmarks, pass their own
-    (``ReflectorSettings.idle_timeout``)."""
+    default, because a watch may legitimately be silent for its whole ``timeoutSeconds``
+    (bookmarks included, for a quiet collection); reflectors pass their own and treat its
+    expiry as a quiet watch (``ReflectorSettings.idle_timeout``)."""
 
     connection_limit: int = 100
     """Concurrent connections per session, as kubernetes_asyncio's ``connection_pool_maxsize``.
@@ -254,7 +255,6 @@ class Upstream:
         self.settings: Final = settings
         self.metrics: Final = metrics
         self._auth = auth
-        self._sidecar_ssl = sidecar_ssl
         self._anonymous_ssl = anonymous_ssl
         self._server_hostname = server_hostname
         self._proxy = proxy
@@ -307,10 +307,6 @@ class Upstream:
         if not path_and_query.startswith("/"):
             raise ValueError(f"request target must start with '/': {path_and_query!r}")
         return yarl.URL(self.base_url + path_and_query, encoded=True)
-
-    async def authorization(self) -> str | None:
-        """The sidecar's current ``Authorization`` header value (refreshed when due)."""
-        return await self._auth.header()
 
     def _timeout(self, *, stream: bool, timeout: float | None) -> aiohttp.ClientTimeout:
         def finite(value: float | None) -> float | None:
@@ -365,7 +361,8 @@ class Upstream:
         - Redirects are never followed: the answer is the apiserver's, as it sent it.
 
         Any status is yielded (check ``response.status``). A failure to connect or to get an
-        answer raises :class:`UpstreamUnavailable`; so does an aiohttp transport error, or a
+        answer raises :class:`UpstreamUnavailable` (:class:`UpstreamSilent` when a stream's
+        read-idle limit passed); so does an aiohttp transport error, or a
         ``TimeoutError``, raised while the body is read inside the ``async with`` block, when
         it leaves the block (inside the block it is still aiohttp's; put your own
         ``asyncio.timeout`` around the block, not inside it). A 401 answer to
@@ -425,6 +422,8 @@ class Upstream:
         except (aiohttp.ClientError, TimeoutError) as error:
             if isinstance(error, aiohttp.ClientResponseError):
                 raise  # raised by the caller (raise_for_status), not a transport failure
+            if isinstance(error, aiohttp.SocketTimeoutError):  # the read-idle limit
+                raise UpstreamSilent(_describe(error, self.base_url)) from error
             raise UpstreamUnavailable(_describe(error, self.base_url)) from error
         finally:
             # Releases the connection to the pool, or closes it when the body was not

@@ -39,6 +39,12 @@ class UpstreamUnavailable(UpstreamError):
     DNS failure, TLS handshake failure, timeout, or the connection dropped mid-answer."""
 
 
+class UpstreamSilent(UpstreamUnavailable):
+    """A stream delivered nothing for its read-idle limit. For a watch that is a quiet
+    collection as often as a dead connection: the apiserver's bookmarks carry its watch
+    cache's resourceVersion, which for a resource nobody writes can stay put for minutes."""
+
+
 class UpstreamAuthError(UpstreamError):
     """The sidecar's own credentials could not be loaded or refreshed (missing kubeconfig,
     unreadable token file, failing exec plugin, ...)."""

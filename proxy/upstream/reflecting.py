@@ -34,12 +34,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.cache.records import Change, ChangeType
-from proxy.cache.store import Shape, StorageError, Store
+from proxy.cache.shapes import Shape
+from proxy.cache.store import StorageError, Store
 from proxy.kube import versions
 from proxy.metrics import Metrics
 from proxy.upstream.connecting import Upstream
 from proxy.upstream.decoding import Event, check_content_type, codec_for, error_event
-from proxy.upstream.errors import UpstreamError, UpstreamProtocolError, UpstreamStatusError
+from proxy.upstream.errors import (
+    UpstreamError,
+    UpstreamProtocolError,
+    UpstreamSilent,
+    UpstreamStatusError,
+)
 from proxy.upstream.resilience import (
     Backoff,
     CircuitBreaker,
@@ -61,12 +67,16 @@ class ReflectorSettings:
     that went silently bad is replaced and load balancers see fresh connections."""
     watch_timeout_max: float = 600.0
     idle_timeout: float = 120.0
-    """An upstream watch that delivers nothing for this long is taken for dead and replaced.
-    Bookmarks are requested, and the apiserver sends every such watch one about once a
-    minute (its watch cache's bookmark frequency) even when nothing changes: two minutes of
-    silence mean a dead connection (the apiserver's node gone without a reset, a dropped
-    NAT entry), not a quiet collection. TCP keepalive (``ConnectionSettings``) catches the
-    same at the socket level."""
+    """An upstream watch that delivers nothing for this long is replaced by a new one from
+    the same resourceVersion, at once and without counting as a failure. Silence alone does
+    not tell a dead connection (the apiserver's node gone without a reset, a dropped NAT
+    entry) from a quiet collection: bookmarks are requested, but the apiserver's carry its
+    watch cache's resourceVersion, which for a resource nobody writes stays put until etcd's
+    next progress notification (minutes; measured: kube-controller-manager's idle
+    collections went silent for over two minutes on a local apiserver). The new watch tells
+    them apart: over a dead path it fails to connect, which is a failure (backoff, circuit
+    breaker). TCP keepalive (``ConnectionSettings``) catches a dead peer at the socket
+    level."""
     stage_batch: int = 1000
     """Objects committed per staging transaction during a fill."""
     watch_list: bool = True
@@ -234,9 +244,9 @@ class Reflector:
         """A 410 asked for a relist; cleared when a list is committed (:meth:`_finish`), not
         when ``_list`` returns: a WatchList goes on as the watch inside it, and a failure of
         that watch must resume from the relisted RV, not list the collection again."""
-        self.lists = 0
-        """Upstream lists made by this reflector (fills and relists)."""
         self._fill_log = FillLog(resource=self.resource, expected=None)
+        self._large = False
+        """A list of this collection needed a slot of the limiter (``_hold_if_large``)."""
         self._counting: asyncio.Task[None] | None = None
         """The fill's ``_count_ahead`` while it runs (owned: cancelled when the list ends)."""
 
@@ -312,11 +322,9 @@ class Reflector:
 
     async def _list(self) -> None:
         """Fill (first time) or relist (after 410); a relist appends the diff to the log."""
-        self.fill.set(FillState.QUEUED)
         async with self.limiter.slot() as slot:
             self.fill.set(FillState.LISTING)
             started = time.monotonic()
-            self.lists += 1
             self.metrics.upstream_relists.labels(resource=self.resource).inc()
             await self.store.begin_list(self.shape)
             held = self.metrics.value(
@@ -329,7 +337,7 @@ class Reflector:
                     await self._watch_list(slot, started=started)
                     return
                 except UpstreamStatusError as error:
-                    if not slot.held or error.code not in (400, 422):
+                    if slot.released or error.code not in (400, 422):
                         raise  # (a released slot: the fill was done, this is the watch)
                     logger.info("%s: WatchList refused (%s); using LIST", self.resource, error)
                     self.watch_list = False
@@ -365,6 +373,21 @@ class Reflector:
         slot.progress()
         self.fill.progress()
 
+    async def _hold_if_large(self, slot: ListSlot, received: int) -> None:
+        """A list that has received ``free_bytes`` of objects (or any list, with 0) goes on
+        only in a slot of the limiter (``ListLimiterSettings.free_bytes``). While it waits it
+        reads nothing more: a paused WatchList is held back by TCP, a paginated list asks for
+        no next page. Its clients see the fill queued. A collection found large once takes
+        its slot from the start of every later list (a retry, a relist): a WatchList paused
+        long behind other large lists may be closed by the apiserver, and should not be
+        paused again."""
+        if slot.held or (received < self.limiter.settings.free_bytes and not self._large):
+            return
+        self._large = True
+        self.fill.set(FillState.QUEUED)
+        await slot.hold()
+        self.fill.set(FillState.LISTING)
+
     def _observe_list(self, started: float, how: str) -> None:
         self.metrics.list_duration.labels(resource=self.resource, source=f"upstream-{how}").observe(
             time.monotonic() - started
@@ -377,7 +400,9 @@ class Reflector:
         continue_token = ""
         rv = kind = api_version = ""
         paginate = True
+        received = 0
         while True:
+            await self._hold_if_large(slot, received)
             params = _params(
                 self.shape, **({"limit": str(self.settings.page_size)} if paginate else {})
             )
@@ -388,6 +413,7 @@ class Reflector:
             ) as response:
                 body = await response.read()
                 expired = response.status == 410 and continue_token
+                received += len(body)
                 if expired:
                     logger.info(
                         "%s: the list's continue token expired; listing whole instead",
@@ -457,46 +483,57 @@ class Reflector:
         )
         staged: list[Change] = []
         kind = api_version = ""
-        async with self._stream(params) as chunks:
-            self.breaker.record_success()
-            filling = True
-            async for events in self.codec.batches(chunks):
-                if not filling:
-                    await self._apply(events)
-                    continue
-                self._progressed(slot)
-                line = self._fill_log.add(sum(1 for event in events if event.type == "ADDED"))
-                if line is not None and self._fill_log.expected is None and not self._counting:
-                    # A fill long enough for a progress line: learn its total for the next.
-                    self._counting = asyncio.create_task(
-                        self._count_ahead(), name=f"counting {self.resource}"
-                    )
-                for index, event in enumerate(events):
-                    if event.type == "ADDED" and event.change is not None:
-                        kind, api_version = event.kind or kind, event.api_version or api_version
-                        staged.append(event.change)
-                        if len(staged) >= self.settings.stage_batch:
-                            await self.store.stage(self.shape, staged)
-                            staged = []
-                    elif event.type == "BOOKMARK" and event.initial_events_end:
-                        await self.store.stage(self.shape, staged)
-                        await self._finish(
-                            rv=event.rv,
-                            kind=kind or event.kind,
-                            api_version=api_version or event.api_version,
+        filling = True
+        received = 0
+        await self._hold_if_large(slot, received)
+        try:
+            async with self._stream(params) as chunks:
+                self.breaker.record_success()
+                async for events in self.codec.batches(chunks):
+                    if not filling:
+                        await self._apply(events)
+                        continue
+                    self._progressed(slot)
+                    added = sum(1 for event in events if event.type == "ADDED")
+                    line = self._fill_log.add(added)
+                    if line is not None and self._fill_log.expected is None and not self._counting:
+                        # A fill long enough for a progress line: learn its total for the next.
+                        self._counting = asyncio.create_task(
+                            self._count_ahead(), name=f"counting {self.resource}"
                         )
-                        self._observe_list(started, "watchlist")
-                        slot.release()
-                        filling = False
-                        if rest := events[index + 1 :]:
-                            await self._apply(rest)
-                        break
-                    elif event.type == "ERROR":
-                        _raise_error(event.status)
+                    for index, event in enumerate(events):
+                        if event.type == "ADDED" and event.change is not None:
+                            kind = event.kind or kind
+                            api_version = event.api_version or api_version
+                            staged.append(event.change)
+                            received += len(event.change.raw)
+                            if len(staged) >= self.settings.stage_batch:
+                                await self.store.stage(self.shape, staged)
+                                staged = []
+                        elif event.type == "BOOKMARK" and event.initial_events_end:
+                            await self.store.stage(self.shape, staged)
+                            await self._finish(
+                                rv=event.rv,
+                                kind=kind or event.kind,
+                                api_version=api_version or event.api_version,
+                            )
+                            self._observe_list(started, "watchlist")
+                            slot.release()
+                            filling = False
+                            if rest := events[index + 1 :]:
+                                await self._apply(rest)
+                            break
+                        elif event.type == "ERROR":
+                            _raise_error(event.status)
+                    if filling:
+                        await self._hold_if_large(slot, received)
+        except UpstreamSilent:
             if filling:
-                raise UpstreamProtocolError(
-                    "WatchList ended before its initial-events-end bookmark"
-                )
+                raise  # silence while the initial events come is a failure
+            self._silent()  # after them, the watch of a quiet collection
+            return
+        if filling:
+            raise UpstreamProtocolError("WatchList ended before its initial-events-end bookmark")
 
     # -- watching ----------------------------------------------------------------------------
 
@@ -536,11 +573,25 @@ class Reflector:
                 self.breaker.record_success()
                 async for events in self.codec.batches(chunks):
                     await self._apply(events)
+        except UpstreamSilent:
+            self._silent()
+            return
         except UpstreamStatusError as error:
             if error.code == 410:
                 raise Expired from error
             raise
         self.metrics.watch_restarts.labels(resource=self.resource, reason="ended").inc()
+
+    def _silent(self) -> None:
+        """The watch said nothing for ``idle_timeout``: the caller watches again at once
+        (``ReflectorSettings.idle_timeout``)."""
+        self.metrics.watch_restarts.labels(resource=self.resource, reason="idle").inc()
+        logger.debug(
+            "%s: upstream watch silent for %gs; watching again from RV %s",
+            self.resource,
+            self.settings.idle_timeout,
+            self.shape.rv,
+        )
 
     async def _apply(self, events: list[Event]) -> None:
         """Commit one chunk's events as one transaction (then they are published)."""

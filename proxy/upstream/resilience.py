@@ -275,18 +275,28 @@ class CircuitBreaker:
 @dataclass(frozen=True, kw_only=True)
 class ListLimiterSettings:
     concurrent_lists: int = 3
-    """Upstream LISTs in flight at once. A cold start with dozens of shapes must not send
-    dozens of full lists to the apiserver together (each costs it memory proportional to the
-    collection and can trip its priority-and-fairness limits); three keep the fill fast
-    while a restart storm stays gentle."""
+    """Large upstream lists in flight at once. A cold start with dozens of shapes must not
+    send dozens of full lists of big collections to the apiserver together (each costs it
+    memory proportional to the collection and can trip its priority-and-fairness limits);
+    three keep the fill fast while a restart storm stays gentle."""
+    free_bytes: int = 512 * 1024
+    """A list takes a slot only once it has received this many bytes of objects. Most of the
+    collections a controller starts with are small (kube-controller-manager's ~60: a few
+    objects each); each costs the apiserver little, and its list takes tens of milliseconds
+    of round trips and a consistent read, not bandwidth. Queued three at a time behind one
+    another — or behind one big collection — they made a cold start take seconds. Listed at
+    once, they cost at most this much memory each while they are staged."""
 
 
 class ListLimiter:
-    """Bounds the upstream LIST phase of fills and relists: an ``asyncio.Semaphore`` with
-    visible ``waiting`` and ``active`` counts, whose slot can be given back early::
+    """Bounds the upstream LIST phase of large fills and relists: an ``asyncio.Semaphore``
+    with visible ``waiting`` and ``active`` counts, taken once a list turns out large
+    (``free_bytes``) and given back as soon as its list phase ends::
 
         async with limiter.slot() as slot:
             ... list upstream (report slot.progress()) ...
+            if received >= limiter.settings.free_bytes:
+                await slot.hold()  # waits for a place among the large lists
             slot.release()  # a WatchList's initial events are in: its watch goes on freely
 
     Only the list phase is bounded, never the watch that follows it: a WatchList fill keeps
@@ -328,7 +338,15 @@ class ListLimiter:
 
     @contextlib.asynccontextmanager
     async def slot(self) -> AsyncIterator[ListSlot]:
-        """Wait for a slot; it is released on leaving the block unless released before."""
+        """A list's slot, taken when it asks (:meth:`ListSlot.hold`) and given back on leaving
+        the block unless released before."""
+        slot = ListSlot(self)
+        try:
+            yield slot
+        finally:
+            slot.release()
+
+    async def _acquire(self) -> None:
         self._waiting += 1
         try:
             await self._semaphore.acquire()
@@ -336,11 +354,6 @@ class ListLimiter:
             self._waiting -= 1
         self._active += 1
         self.progressed()
-        held = ListSlot(self)
-        try:
-            yield held
-        finally:
-            held.release()
 
     def _release(self) -> None:
         self._active -= 1
@@ -349,14 +362,26 @@ class ListLimiter:
 
 
 class ListSlot:
-    """One held place in a :class:`ListLimiter`; :meth:`release` is idempotent."""
+    """One list's place in a :class:`ListLimiter`: free until :meth:`hold`, then held until
+    :meth:`release` (idempotent; after it, the list phase is over)."""
 
     def __init__(self, limiter: ListLimiter) -> None:
         self._limiter: ListLimiter | None = limiter
+        self._held = False
 
     @property
     def held(self) -> bool:
-        return self._limiter is not None
+        return self._held
+
+    @property
+    def released(self) -> bool:
+        return self._limiter is None
+
+    async def hold(self) -> None:
+        """Take a place among the large lists, waiting for one (a no-op once held)."""
+        if self._limiter is not None and not self._held:
+            await self._limiter._acquire()
+            self._held = True
 
     def progress(self) -> None:
         if self._limiter is not None:
@@ -365,4 +390,6 @@ class ListSlot:
     def release(self) -> None:
         if self._limiter is not None:
             limiter, self._limiter = self._limiter, None
-            limiter._release()
+            if self._held:
+                self._held = False
+                limiter._release()

@@ -26,8 +26,8 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from proxy.cache.shapes import Request, ShapeKey, choose
-from proxy.cache.store import Shape, Store
+from proxy.cache.shapes import Request, Shape, ShapeKey, choose
+from proxy.cache.store import Store
 from proxy.kube.resources import GroupVersionResource
 from proxy.metrics import Metrics
 from proxy.upstream.connecting import Upstream
@@ -258,10 +258,6 @@ class Syncer:
             await self.store.drop_shape(shape)
             self.metrics.shapes_dropped.labels(resource=shape.resource, reason=reason).inc()
         self.metrics.forget_shape(resource=shape.resource, shape=shape.key.identity)
-
-    def upstream_lists(self, key: ShapeKey) -> int:
-        reflector = self.reflectors.get(key)
-        return reflector.lists if reflector else 0
 
     # -- maintenance -------------------------------------------------------------------------
 

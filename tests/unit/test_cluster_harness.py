@@ -3,7 +3,10 @@ apiserver that exits while starting is started again (loadtest/ports.py, loadtes
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import sys
 from pathlib import Path
 
 import pytest
@@ -71,3 +74,23 @@ def test_an_apiserver_that_keeps_exiting_fails_the_start_with_its_log(tmp_path: 
     with pytest.raises(cluster.ProcessExited, match="failed to listen"):
         plane._start_apiserver(_state())
     assert plane.spawned == cluster.APISERVER_ATTEMPTS
+
+
+def test_a_started_process_counts_as_alive_once_spawn_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before its exec, a child shows the harness's command line, which does not name the
+    plane's directory: taken for dead there, a second apiserver was started beside the first
+    ("address already in use"). This child names the directory only after an exec 0.5 s in."""
+    plane = cluster.ControlPlane(tmp_path)
+    monkeypatch.setenv("WARMWATCH_TEST_DIR", str(tmp_path))
+    script = (
+        "import os, sys, time; time.sleep(0.5); os.execv(sys.executable, [sys.executable, "
+        "'-c', 'import time; time.sleep(30)', os.environ['WARMWATCH_TEST_DIR']])"
+    )
+    pid = plane._spawn("late-exec", [sys.executable, "-c", script])
+    try:
+        assert plane._alive(pid)
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)

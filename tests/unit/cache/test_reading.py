@@ -194,3 +194,19 @@ def test_single_reads(db: sqlite3.Connection) -> None:
     assert reading.object_counts(db) == {1: 2}
     assert reading.get_document(db, key="/apis?|") is None
     assert reading.document_keys(db) == []
+
+
+def test_objects_looked_up_by_key_are_each_one_seek(db: sqlite3.Connection) -> None:
+    """Found relisting 500,000 objects into a cache of 1,000,000: looked up as ``(namespace,
+    name) IN (VALUES ...)``, every chunk of keys scanned the whole generation (760 objects/s).
+    The plan must seek each key by the primary key, and scan nothing but the keys."""
+    fill(db, [cm(f"o{i}", 10 + i) for i in range(20)], "99")
+    keys = [("a", "o3"), ("a", "o7"), ("a", "none")]
+    traced: list[str] = []
+    db.set_trace_callback(traced.append)
+    rows = reading.rows_for_keys(db, columns=("name", "rv"), gen="?", param=1, keys=keys)
+    db.set_trace_callback(None)
+    assert sorted(rows) == [("o3", "13"), ("o7", "17")]
+    plan = " ".join(str(row[-1]) for row in db.execute(f"EXPLAIN QUERY PLAN {traced[-1]}"))
+    assert "SEARCH o USING" in plan and "(gen=? AND namespace=? AND name=?)" in plan, plan
+    assert "SCAN o" not in plan, plan

@@ -475,13 +475,6 @@ def test_leading_zero_rv_is_accepted_by_the_apiserver() -> None:
     assert parse("resourceVersion=007").resource_version == "7"  # and read as uint64
 
 
-def test_decoded_continue_token() -> None:
-    assert parse(f"continue={TOKEN}").decoded_continue_token() == ContinueToken(
-        resource_version=5, start_key="ns/a\x00"
-    )
-    assert parse("").decoded_continue_token() is None
-
-
 # -------------------------------------------------------------------- semantics
 
 

@@ -45,7 +45,7 @@ def test_an_object_in_its_envelope() -> None:
     assert (unwrapped.api_version, unwrapped.kind) == ("v1", "ConfigMap")
     meta = protobuf.object_meta(unwrapped.raw)
     assert meta == protobuf.ObjectMeta(
-        name="cm", namespace="ns", uid="uid-1", resource_version="12345"
+        name="cm", namespace="ns", uid="uid-1", resource_version="12345", labels={}
     )
 
 
@@ -140,7 +140,7 @@ def test_resource_version_replaced_in_place() -> None:
     raw = configmap("cm", "ns", "12")
     replaced = protobuf.with_resource_version(raw, "123456")
     assert protobuf.object_meta(replaced) == protobuf.ObjectMeta(
-        name="cm", namespace="ns", uid="uid-1", resource_version="123456"
+        name="cm", namespace="ns", uid="uid-1", resource_version="123456", labels={}
     )
     # Every other byte is kept: only field 6 and the lengths around it changed.
     assert replaced.endswith(raw[-14:])
@@ -152,10 +152,39 @@ def test_partial_object_metadata_and_labels() -> None:
     meta = field(1, b"cm") + field(11, field(1, b"team") + field(2, b"a"))
     raw = field(1, meta) + field(2, b"data")
     assert protobuf.partial_object_metadata(raw) == field(1, meta)
-    assert protobuf.labels_of(raw) == {"team": "a"}
+    assert protobuf.object_meta(raw).labels == {"team": "a"}
     assert protobuf.annotations_of(raw) == {}
 
 
 def test_status_round_trips() -> None:
     message = protobuf.status(status="Failure", message="too old", reason="Expired", code=410)
     assert protobuf.status_fields(message) == (410, "Expired", "too old")
+
+
+def test_object_meta_reads_every_field_in_one_pass() -> None:
+    """The single-pass reader keeps protobuf's rules: the last occurrence of a field wins,
+    map entries come in order, and other wire types are skipped."""
+    meta = (
+        field(1, b"old")
+        + field(8, 7)  # generation: a varint, skipped
+        + field(11, field(1, b"a") + field(2, b"1"))
+        + field(1, b"cm")
+        + field(12, field(1, b"note") + field(2, b"x"))
+        + field(11, field(1, b"b") + field(2, b"2"))
+        + field(6, b"42")
+    )
+    raw = field(1, meta) + field(2, b"data")
+    assert protobuf.object_meta(raw) == protobuf.ObjectMeta(
+        name="cm", namespace="", uid="", resource_version="42", labels={"a": "1", "b": "2"}
+    )
+    assert protobuf.annotations_of(raw) == {"note": "x"}
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [b"\x0a\x05ab", b"\x08", b"\x0b", b"\x09\x00\x00", b"\x00\x00", b"\x0a\xff"],
+    ids=["short-string", "short-varint", "wire-3", "short-fixed64", "field-0", "short-length"],
+)
+def test_object_meta_of_malformed_input_raises(meta: bytes) -> None:
+    with pytest.raises(protobuf.ProtobufError):
+        protobuf.object_meta(field(1, meta))

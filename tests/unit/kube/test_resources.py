@@ -183,27 +183,3 @@ def test_request_path(
 )
 def test_non_resource_paths(path: str) -> None:
     assert RequestPath.parse(path) is None
-
-
-@pytest.mark.parametrize(
-    "path",
-    [
-        "/api/v1/configmaps",
-        "/api/v1/namespaces/ns/configmaps",
-        "/api/v1/namespaces/ns/pods/p/status",
-        "/apis/apps/v1/watch/namespaces/a/deployments",
-        "/api/v1/namespaces/ns",
-        "/api/v1/namespaces/ns/finalize",
-        "/api/v1/watch/namespaces",
-    ],
-)
-def test_request_path_round_trip(path: str) -> None:
-    parsed = RequestPath.parse(path)
-    assert parsed is not None
-    assert parsed.to_path() == path
-
-
-def test_to_path_drops_watch_prefix() -> None:
-    parsed = RequestPath.parse("/api/v1/watch/namespaces/ns/pods")
-    assert parsed is not None
-    assert parsed.to_path(watch_prefix=False) == "/api/v1/namespaces/ns/pods"

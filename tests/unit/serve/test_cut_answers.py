@@ -8,22 +8,17 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any, cast
+from typing import Any
 
 import pytest
-from aiohttp import web
 
-from proxy.cache.freshness import RecentWrites
 from proxy.cache.records import ChangeType, change_from_object
-from proxy.cache.shapes import Request, ShapeKey, choose
+from proxy.cache.shapes import ShapeKey
 from proxy.cache.store import Store, StoreSettings
 from proxy.kube.resources import GroupVersionResource
-from proxy.metrics import Metrics
-from proxy.serve import routing
-from proxy.serve.authenticating import ClientAuth
-from proxy.serve.context import Context, ServeSettings
-from proxy.serve.limiting import Admission, Limits
+from proxy.serve.context import ServeSettings
+from proxy.serve.limiting import Limits
+from tests.unit.serve.conftest import serving
 
 CM = GroupVersionResource.parse("v1/configmaps")
 LIST_TIMEOUT = 3.0
@@ -53,31 +48,8 @@ async def server(tmp_path: Path, request: pytest.FixtureRequest) -> Any:
     await store.stage(shape, [change_from_object(ChangeType.ADDED, o) for o in objects])
     await store.finish_list(shape, rv="5000", kind="ConfigMap", api_version="v1")
 
-    def find(request: Request, *, namespaced: bool | None) -> Any:
-        key = choose(request, store.shapes.keys(), namespaced=namespaced)
-        return store.shapes.get(key) if key else None
-
-    ctx = Context(
-        store=store,
-        syncer=cast(Any, SimpleNamespace(find=find, without_protobuf=set())),
-        upstream=cast(Any, None),
-        discovery=cast(Any, None),
-        metrics=Metrics(),
-        settings=settings,
-        credentials="sidecar",
-        learn=False,
-        breaker=cast(Any, None),
-        ready=lambda: (True, "ok"),
-        writes=RecentWrites(),
-        admission=Admission(limits),
-    )
-    runner = web.AppRunner(routing.api_app(ctx, auth=ClientAuth(mode="none")))
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    yield port
-    await runner.cleanup()
+    async with serving(store, settings=settings, limits=limits) as port:
+        yield port
     await store.close()
 
 

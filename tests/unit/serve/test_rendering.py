@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import orjson
 
+from proxy.cache.filtering import Filter
 from proxy.cache.records import ChangeType, EventRecord
-from proxy.cache.shapes import Encoding, ShapeKey
-from proxy.cache.store import Shape
+from proxy.cache.shapes import Encoding, Shape, ShapeKey
 from proxy.cache.tailing import ShapeLog
 from proxy.kube.resources import GroupVersionResource
+from proxy.kube.selectors import LabelSelector
 from proxy.serve.rendering import Frames, Renderer
 
 STORED = b'{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"a"},"data":{"k":"v"}}'
@@ -95,3 +98,19 @@ def test_frames_are_bounded_in_bytes_oldest_first() -> None:
     assert 0 < kept.size <= 1000
     assert min(key[0] for key in kept.by_key) > 90  # the newest are kept
     assert kept.size == sum(len(frame) for frame in kept.by_key.values())
+
+
+def test_a_published_batch_is_joined_once_per_filter() -> None:
+    """Parked watchers of equal filters send the same bytes for a batch: joined once."""
+    frames = Frames().of(_shape(), renderer())
+    labelled = dataclasses.replace(_record(2), labels=b'{"app":"x"}', prev_labels=b'{"app":"x"}')
+    batch = (_record(1), labelled, _record(3))
+    everything, selected = Filter(), Filter(labels=LabelSelector.parse("app=x"))
+    data, count = frames.batch(batch, everything)
+    assert count == 3 and data == b"".join(
+        renderer().event(ChangeType.MODIFIED, STORED) for _ in range(3)
+    )
+    assert frames.batch(batch, Filter())[0] is data  # an equal filter: the same join
+    assert frames.batch(batch, selected) == (renderer().event(ChangeType.MODIFIED, STORED), 1)
+    # The next batch is joined afresh, even with the same records in it.
+    assert frames.batch(list(batch), everything)[0] is not data

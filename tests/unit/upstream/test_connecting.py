@@ -19,6 +19,7 @@ from proxy.upstream.connecting import ConnectionSettings, Upstream, connect, pro
 from proxy.upstream.errors import (
     UpstreamAuthError,
     UpstreamProtocolError,
+    UpstreamSilent,
     UpstreamStatusError,
     UpstreamUnavailable,
 )
@@ -158,7 +159,7 @@ async def test_a_stream_yields_chunks(upstream: Upstream, fake: FakeApiserver) -
 
 async def test_a_silent_stream_times_out(upstream: Upstream) -> None:
     """A stream's ``timeout`` is its read-idle limit (the reflector's dead-connection
-    detector); leaving the block it is UpstreamUnavailable."""
+    detector); leaving the block it is UpstreamSilent, an UpstreamUnavailable."""
     first: list[bytes] = []
 
     async def read_until_silence() -> None:
@@ -171,7 +172,7 @@ async def test_a_silent_stream_times_out(upstream: Upstream) -> None:
             first.append(await response.content.readany())
             await response.content.readany()  # silence: the idle limit fires
 
-    with pytest.raises(UpstreamUnavailable):
+    with pytest.raises(UpstreamSilent):
         await read_until_silence()
     assert b"ADDED" in first[0]
 

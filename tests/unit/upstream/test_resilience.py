@@ -235,7 +235,8 @@ async def test_list_limiter_counts_waiters() -> None:
     inside: list[int] = []
 
     async def lister(n: int) -> None:
-        async with limiter.slot():
+        async with limiter.slot() as slot:
+            await slot.hold()
             inside.append(n)
             await release.wait()
 
@@ -254,8 +255,9 @@ async def test_list_limiter_counts_waiters() -> None:
 
 async def test_list_limiter_cancelled_waiter_is_not_counted() -> None:
     limiter = ListLimiter(ListLimiterSettings(concurrent_lists=1))
-    async with limiter.slot():
-        waiter = asyncio.create_task(limiter.slot().__aenter__(), name="waiter")
+    async with limiter.slot() as held:
+        await held.hold()
+        waiter = asyncio.create_task(_hold(limiter), name="waiter")
         await asyncio.sleep(0)
         assert limiter.waiting == 1
         waiter.cancel()
@@ -263,8 +265,12 @@ async def test_list_limiter_cancelled_waiter_is_not_counted() -> None:
             await waiter
         assert limiter.waiting == 0
     assert limiter.active == 0
-    async with limiter.slot():
+    async with limiter.slot() as slot:
+        assert limiter.active == 0  # a slot is free until held
+        await slot.hold()
+        await slot.hold()  # once
         assert limiter.active == 1
+    assert limiter.active == 0
 
 
 async def test_a_slot_given_back_early_admits_the_next_lister_once() -> None:
@@ -273,6 +279,7 @@ async def test_a_slot_given_back_early_admits_the_next_lister_once() -> None:
     clock = Clock()
     limiter = ListLimiter(ListLimiterSettings(concurrent_lists=1), clock=clock)
     async with limiter.slot() as slot:
+        await slot.hold()
         clock.advance(5)
         slot.progress()
         assert limiter.progressed_at == 1005
@@ -280,7 +287,7 @@ async def test_a_slot_given_back_early_admits_the_next_lister_once() -> None:
         await asyncio.sleep(0)
         assert limiter.waiting == 1
         slot.release()
-        assert not slot.held
+        assert not slot.held and slot.released
         await asyncio.sleep(0)
         assert limiter.active == 1 and limiter.waiting == 0  # the queued lister got it
         slot.release()  # idempotent
@@ -292,7 +299,8 @@ async def test_a_slot_given_back_early_admits_the_next_lister_once() -> None:
 
 
 async def _hold(limiter: ListLimiter) -> None:
-    async with limiter.slot():
+    async with limiter.slot() as slot:
+        await slot.hold()
         await asyncio.Event().wait()
 
 

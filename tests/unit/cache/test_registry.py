@@ -1,0 +1,116 @@
+"""The shape registry and discovery documents: their transactions on an in-memory database,
+and the store's learning of new shapes."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy.cache import reading, schema, writing
+from proxy.cache.shapes import Encoding, Shape, ShapeKey
+from proxy.cache.store import Store, StoreSettings
+from proxy.kube.resources import GroupVersionResource
+
+PODS = ShapeKey.of(GroupVersionResource.parse("v1/pods"), namespace="a", encoding=Encoding.PROTOBUF)
+
+
+@pytest.fixture
+def empty() -> sqlite3.Connection:
+    connection = sqlite3.connect(":memory:")
+    schema.migrate(connection)
+    return connection
+
+
+def test_a_new_shape_reads_back_as_its_key(empty: sqlite3.Connection) -> None:
+    (row,) = writing.insert_shapes(empty, shapes={PODS: False})
+    shape = Shape.from_row(row, ring_size=8)
+    assert shape.key == PODS
+    assert (shape.configured, shape.rv, shape.log_start_rv, shape.log.last_seq) == (
+        False,
+        None,
+        None,
+        0,
+    )
+    assert [Shape.from_row(r, ring_size=8).key for r in writing.open_shapes(empty)] == [PODS]
+
+
+def test_shapes_inserted_together_get_their_own_generations(empty: sqlite3.Connection) -> None:
+    everywhere = ShapeKey.of(PODS.gvr)
+    rows = writing.insert_shapes(empty, shapes={PODS: False, everywhere: True})
+    shapes = [Shape.from_row(row, ring_size=8) for row in rows]
+    assert [(shape.key, shape.configured) for shape in shapes] == [
+        (PODS, False),
+        (everywhere, True),
+    ]
+    gens = [gen for (gen,) in empty.execute("SELECT gen FROM shapes ORDER BY id")]
+    assert len(set(gens)) == 2
+
+
+def test_configured_and_usage_are_saved(empty: sqlite3.Connection) -> None:
+    shape_id = writing.insert_shapes(empty, shapes={PODS: False})[0][0]
+    writing.set_configured(empty, shape_id=shape_id)
+    writing.save_usage(empty, used={shape_id: 1234.5})
+    (row,) = writing.open_shapes(empty)
+    shape = Shape.from_row(row, ring_size=8)
+    assert (shape.configured, shape.used_at) == (True, 1234.5)
+
+
+def test_the_log_start_is_read_from_the_shape_row(empty: sqlite3.Connection) -> None:
+    shape_id = writing.insert_shapes(empty, shapes={PODS: True})[0][0]
+    assert reading.log_start(empty, shape_id=shape_id) is None
+    writing.finish_fill(empty, shape_id=shape_id, rv="7", kind="Pod", api_version="v1")
+    assert reading.log_start(empty, shape_id=shape_id) == "7"
+    assert reading.log_start(empty, shape_id=shape_id + 1) is None
+
+
+def test_a_discovery_document_is_replaced_whole(empty: sqlite3.Connection) -> None:
+    writing.put_document(empty, key="/api", status=200, headers=b"[]", body=b"{}", etag="")
+    writing.put_document(empty, key="/api", status=200, headers=b"[1]", body=b"{1}", etag="e")
+    assert reading.get_document(empty, key="/api") == (200, b"[1]", b"{1}", "e")
+    assert reading.get_document(empty, key="/apis") is None
+    assert reading.document_keys(empty) == ["/api"]
+
+
+async def test_shapes_asked_for_while_the_writer_is_busy_are_inserted_together(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found with kube-controller-manager on a fresh warmwatch: its ~60 new shapes were
+    inserted one after another, each behind a large fill's commits, and took 4 s to learn."""
+    store = await Store.open(StoreSettings(path=tmp_path / "c.db"))
+    inserts: list[int] = []
+    insert_shapes = writing.insert_shapes
+
+    def counted(connection: sqlite3.Connection, **kwargs: Any) -> Any:
+        inserts.append(len(kwargs["shapes"]))
+        return insert_shapes(connection, **kwargs)
+
+    monkeypatch.setattr(writing, "insert_shapes", counted)
+    keys = [ShapeKey.of(PODS.gvr, namespace=f"n{i}") for i in range(20)]
+    try:
+        async with store._write_lock:  # a fill's commit under way
+            asking = [
+                asyncio.create_task(store.ensure_shape(key, configured=False))
+                for key in keys + keys[:5]
+            ]
+            await asyncio.sleep(0.01)  # all are waiting for the insert
+            asking[0].cancel()  # one client leaves: the others' insert goes on
+            await asyncio.sleep(0.01)
+        shapes = await asyncio.gather(*asking[1:])
+        assert inserts == [20]
+        assert [shape.key for shape in shapes] == keys[1:] + keys[:5]
+        assert shapes[-4:] == shapes[:4]  # asked for twice: the same shape
+        assert len({shape.id for shape in shapes}) == 20
+        again = await store.ensure_shape(keys[0], configured=True)
+        assert again.configured and inserts == [20]
+    finally:
+        await store.close()
+    reopened = await Store.open(StoreSettings(path=tmp_path / "c.db"))
+    try:
+        assert set(reopened.shapes) == set(keys)
+        assert [key for key, shape in reopened.shapes.items() if shape.configured] == keys[:1]
+    finally:
+        await reopened.close()
