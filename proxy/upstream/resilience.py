@@ -149,10 +149,18 @@ class BreakerSettings:
     connection, one apiserver replica restarting) but few enough that a down apiserver is
     recognised within the first ~25 s of backoff."""
 
+    first_cool_down: float = 1.0
+    """Time the breaker stays open the first time it opens; each failed probe doubles it, up
+    to ``cool_down`` (1, 2, 4, 8, 15, 15 ... s). An apiserver back after a short outage (a
+    rolling restart; a warm start of warmwatch while it was away) is noticed within about as
+    long again as the outage lasted, not a full ``cool_down`` later: with one fixed 15 s, a
+    kopf operator restarted warm during an outage of a few seconds carried out the changes it
+    had missed 15 s after the apiserver was back."""
+
     cool_down: float = 15.0
-    """Time the breaker stays open before letting one probe through. About the middle of the
-    backoff range, so a recovered apiserver is noticed quickly while a down one sees one
-    probe per cool-down instead of one request per caller."""
+    """The longest time the breaker stays open before letting one probe through. About the
+    middle of the backoff range, so a recovered apiserver is noticed within 15 s while a down
+    one sees one probe per cool-down instead of one request per caller."""
 
     probe_timeout: float = 60.0
     """A half-open probe that reports neither success nor failure within this time (its
@@ -162,7 +170,8 @@ class BreakerSettings:
 
 class CircuitBreaker:
     """closed → open after N consecutive failures → half-open after a cool-down (one probe
-    allowed) → closed after a success, or open again after a failure.
+    allowed) → closed after a success, or open again after a failure, for twice as long (up
+    to :attr:`BreakerSettings.cool_down`).
 
     Callers ask :meth:`allow` before a request and report :meth:`record_success` or
     :meth:`record_failure` after it. Only failures that mean "the apiserver is unhealthy"
@@ -189,6 +198,7 @@ class CircuitBreaker:
         self._state = BreakerState.CLOSED
         self._failures = 0
         self._opened_at = 0.0
+        self._open_for = self.settings.first_cool_down
         self._probe_started: float | None = None
         self._publish()
 
@@ -197,10 +207,7 @@ class CircuitBreaker:
 
     @property
     def state(self) -> BreakerState:
-        if (
-            self._state is BreakerState.OPEN
-            and self._clock() - self._opened_at >= self.settings.cool_down
-        ):
+        if self._state is BreakerState.OPEN and self._clock() - self._opened_at >= self._open_for:
             self._set(BreakerState.HALF_OPEN)
         return self._state
 
@@ -213,7 +220,7 @@ class CircuitBreaker:
         now, unless a probe is already in flight)."""
         state = self.state
         if state is BreakerState.OPEN:
-            return max(0.0, self._opened_at + self.settings.cool_down - self._clock())
+            return max(0.0, self._opened_at + self._open_for - self._clock())
         if state is BreakerState.HALF_OPEN and self._probe_started is not None:
             return max(0.0, self._probe_started + self.settings.probe_timeout - self._clock())
         return 0.0
@@ -243,11 +250,14 @@ class CircuitBreaker:
         self._failures += 1
         self._probe_started = None
         state = self.state
-        if state is BreakerState.HALF_OPEN or (
-            state is BreakerState.CLOSED and self._failures >= self.settings.failure_threshold
-        ):
-            self._opened_at = self._clock()
-            self._set(BreakerState.OPEN)
+        if state is BreakerState.HALF_OPEN:
+            self._open_for = min(self._open_for * 2, self.settings.cool_down)
+        elif state is BreakerState.CLOSED and self._failures >= self.settings.failure_threshold:
+            self._open_for = min(self.settings.first_cool_down, self.settings.cool_down)
+        else:
+            return
+        self._opened_at = self._clock()
+        self._set(BreakerState.OPEN)
 
     def _set(self, state: BreakerState) -> None:
         if state is not self._state:

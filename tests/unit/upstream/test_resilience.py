@@ -126,7 +126,7 @@ def test_breaker_opens_after_consecutive_failures() -> None:
     clock, metrics = Clock(), Metrics()
     breaker = CircuitBreaker(
         target="apiserver",
-        settings=BreakerSettings(failure_threshold=3, cool_down=10.0),
+        settings=BreakerSettings(failure_threshold=3, first_cool_down=10.0, cool_down=10.0),
         metrics=metrics,
         clock=clock,
     )
@@ -152,7 +152,7 @@ def test_breaker_changes_are_logged(caplog: pytest.LogCaptureFixture) -> None:
     clock = Clock()
     breaker = CircuitBreaker(
         target="apiserver",
-        settings=BreakerSettings(failure_threshold=2, cool_down=5.0),
+        settings=BreakerSettings(failure_threshold=2, first_cool_down=5.0),
         clock=clock,
     )
     caplog.set_level(logging.INFO, logger="proxy.upstream.resilience")
@@ -173,7 +173,9 @@ def test_breaker_half_open_lets_one_probe_through() -> None:
     clock, metrics = Clock(), Metrics()
     breaker = CircuitBreaker(
         target="apiserver",
-        settings=BreakerSettings(failure_threshold=1, cool_down=10.0, probe_timeout=30.0),
+        settings=BreakerSettings(
+            failure_threshold=1, first_cool_down=10.0, cool_down=10.0, probe_timeout=30.0
+        ),
         metrics=metrics,
         clock=clock,
     )
@@ -198,6 +200,31 @@ def test_breaker_half_open_lets_one_probe_through() -> None:
     assert breaker.consecutive_failures == 0
     assert breaker.allow()
     assert breaker.allow()
+
+
+def test_breaker_stays_open_longer_after_each_failed_probe() -> None:
+    """1, 2, 4, 8, 15, 15 s; a success starts over at 1 s. Found with a kopf operator restarted
+    warm during a short outage: with a fixed 15 s it caught up 15 s after the apiserver
+    returned."""
+    clock = Clock()
+    breaker = CircuitBreaker(
+        target="apiserver",
+        settings=BreakerSettings(failure_threshold=1, first_cool_down=1.0, cool_down=15.0),
+        clock=clock,
+    )
+    breaker.record_failure()
+    waits = []
+    for _ in range(6):
+        waits.append(breaker.retry_in())
+        clock.advance(breaker.retry_in())
+        assert breaker.allow()  # the probe
+        breaker.record_failure()
+    assert waits == [1, 2, 4, 8, 15, 15]
+    clock.advance(15)
+    assert breaker.allow()
+    breaker.record_success()
+    breaker.record_failure()
+    assert breaker.retry_in() == 1
 
 
 def test_breaker_forgets_a_lost_probe() -> None:
