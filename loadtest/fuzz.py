@@ -105,6 +105,11 @@ class Report:
     hangs: list[Finding] = field(default_factory=list)
     server_errors: list[Finding] = field(default_factory=list)
     """5xx from warmwatch the apiserver does not give for the same bytes."""
+    client_errors_replayed: int = 0
+    client_errors_differing: list[Finding] = field(default_factory=list)
+    """4xx answers of warmwatch to a collection read (the requests it answers itself: the
+    query checks) that the apiserver gives another code for, such as 400 where it finds
+    no such resource (404) or no such media type (406) first."""
     tracebacks: int = 0
     error_lines: list[str] = field(default_factory=list)
     rss_start: int = 0
@@ -113,7 +118,13 @@ class Report:
 
     @property
     def ok(self) -> bool:
-        return not (self.hangs or self.server_errors or self.tracebacks or self.error_lines)
+        return not (
+            self.hangs
+            or self.server_errors
+            or self.client_errors_differing
+            or self.tracebacks
+            or self.error_lines
+        )
 
     def table(self) -> list[str]:
         mib = 2**20
@@ -127,6 +138,11 @@ class Report:
             ("closed without an answer", f"{self.closed_without_answer:,}"),
             ("5xx replayed to the apiserver", f"{self.replayed:,}"),
             ("5xx the apiserver does not give", f"{len(self.server_errors):,}"),
+            (
+                "4xx to a collection read replayed to the apiserver",
+                f"{self.client_errors_replayed:,}",
+            ),
+            ("... answered with another code there", f"{len(self.client_errors_differing):,}"),
             ("hangs", f"{len(self.hangs):,}"),
             ("tracebacks in warmwatch's log", f"{self.tracebacks:,}"),
             ("ERROR lines in warmwatch's log", f"{len(self.error_lines):,}"),
@@ -137,7 +153,7 @@ class Report:
             ("cases by kind", ", ".join(f"{k}: {v:,}" for k, v in sorted(self.by_kind.items()))),
         ]
         lines = ["| fuzz | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)]
-        for finding in (self.server_errors + self.hangs)[:20]:
+        for finding in (self.server_errors + self.client_errors_differing + self.hangs)[:20]:
             lines.append(f"| finding: {finding.kind} | {finding.what}: {finding.request[:300]!r} |")
         lines.extend(f"| log | {line[:300]} |" for line in self.error_lines[:20])
         return lines
@@ -564,7 +580,8 @@ async def run(
     concurrency: int = 32,
     log_start: int = 0,
 ) -> Report:
-    """Fuzz ``sidecar`` with ``requests`` cases; replay its 5xx to the apiserver."""
+    """Fuzz ``sidecar`` with ``requests`` cases; replay its 5xx, and its 4xx to collection
+    reads, to the apiserver."""
     report = Report(requests=requests)
     pid = sidecar.process.pid
     report.rss_start = report.rss_max = rss_of(pid)
@@ -585,6 +602,14 @@ async def run(
             report.rss_max = max(report.rss_max, rss_of(pid))
             await asyncio.sleep(0.5)
 
+    async def compare_client_error(case: Case, got: Exchange) -> None:
+        report.client_errors_replayed += 1
+        direct = await exchange(*apiserver, case, tls=apiserver_tls)
+        theirs = direct.statuses[0] if direct.statuses else None
+        if theirs != got.statuses[0]:
+            what = f"warmwatch {got.statuses[0]}, apiserver {theirs}: {got.heads[0][-400:]!r}"
+            report.client_errors_differing.append(Finding(case.kind, what, case.data))
+
     generator = Generator(seed=seed, rv=lambda: current_rv["rv"])
     cases = iter(range(requests))
 
@@ -603,6 +628,8 @@ async def run(
                 for i, (status, head) in enumerate(zip(got.statuses, got.heads, strict=True))
                 if status >= 500 and not expected_server_error(head)
             ]
+            if case.kind == "list/watch" and got.statuses and 400 <= got.statuses[0] < 500:
+                await compare_client_error(case, got)
             if unexpected:
                 report.replayed += 1
                 direct = await exchange(*apiserver, case, tls=apiserver_tls)

@@ -156,9 +156,13 @@ class RequestPath:
 
     @classmethod
     def parse(cls, path: str) -> RequestPath | None:
-        """Parse a decoded URL path; None when it is not a resource request."""
-        parts = path.strip("/").split("/")
-        if "" in parts:
+        """Parse a decoded URL path; None when it is not a resource request.
+
+        Trailing slashes are ignored as the apiserver ignores them; a path with an empty
+        segment elsewhere (``//api/...``: Go's mux answers 404; ``/api//v1/...``) is not
+        parsed: the apiserver answers it."""
+        root, *parts = path.rstrip("/").split("/")
+        if root or not parts or "" in parts:
             return None
         if parts[0] == "api":
             if len(parts) < 3:

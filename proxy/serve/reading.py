@@ -1,7 +1,10 @@
 """Collection GETs: answer LIST / WATCH from the cache, or decide to pass them through.
 
-Order, as the apiserver's: decode and validate the query (400/422 Status), then choose. The
-cache answers when the representation is one it can produce (JSON or protobuf, full objects or
+Order, as the apiserver's: find the resource (404), negotiate the representation (406),
+decode and validate the query (400/422 Status), then choose. warmwatch answers a bad query
+itself only when the apiserver would reach that check too: the resource is one a shape has
+listed, and the Accept header is one the cache serves; otherwise (an unknown resource, YAML,
+a Table, an Accept nobody serves) the apiserver answers, in its own order. The cache answers when the representation is one it can produce (JSON or protobuf, full objects or
 metadata only: ``negotiating``), the
 semantics allow it (not ``Exact``, not a ``continue`` page) and a shape serves the request —
 an existing one, or one learned now. A learned shape whose first list the apiserver refuses
@@ -53,16 +56,16 @@ async def read_collection(
     # The query as the apiserver decodes it (Go's URL.Query()), not as aiohttp does: a
     # parameter with a bad escape is dropped rather than kept verbatim.
     query = parse_query(raw_query)
+    accept = request.headers.get("Accept")
+    protobuf_ok = path.gvr.may_have_protobuf and path.gvr not in ctx.syncer.without_protobuf
     try:
         options = ListOptions.parse(query, watch_path=path.is_watch_path)
     except StatusError as invalid:
-        if invalid.code < 500:
+        if invalid.code < 500 and ctx.syncer.holds(path.gvr) and _servable(accept, protobuf_ok):
             raise
-        # A watch's unparsable resourceVersion is the apiserver's InternalError, which it
-        # only meets after finding the resource (404) and negotiating (406): its own answer.
+        # The apiserver finds the resource (404) and negotiates (406) before it decodes the
+        # query, and a watch's unparsable resourceVersion is its InternalError: its answer.
         return await pass_through(request, ctx)
-    accept = request.headers.get("Accept")
-    protobuf_ok = path.gvr.may_have_protobuf and path.gvr not in ctx.syncer.without_protobuf
     negotiated = negotiate(accept, single=options.is_watch, protobuf_ok=protobuf_ok)
     not_older_than: str | None = None
     if negotiated.representation is Representation.PASS_THROUGH:
@@ -154,6 +157,16 @@ async def read_collection(
         # from the next bookmark (about a minute), while the apiserver asks etcd for it: the
         # apiserver answers (at once, or with this same 504 if the RV is really ahead).
         return await pass_through(request, ctx)
+
+
+def _servable(accept: str | None, protobuf_ok: bool) -> bool:
+    """The cache serves ``accept`` for a list or a watch (which one, the query would say):
+    then the apiserver's own negotiation accepts it too."""
+    return any(
+        negotiate(accept, single=single, protobuf_ok=protobuf_ok).representation
+        is not Representation.PASS_THROUGH
+        for single in (False, True)
+    )
 
 
 async def pass_through(

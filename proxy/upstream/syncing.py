@@ -194,6 +194,12 @@ class Syncer:
             for key in self.configured
         )
 
+    def holds(self, gvr: GroupVersionResource) -> bool:
+        """Some shape of ``gvr`` has been listed: the apiserver serves that resource."""
+        return any(
+            key.gvr == gvr and shape.rv is not None for key, shape in self.store.shapes.items()
+        )
+
     def find(self, request: Request, *, namespaced: bool | None) -> Shape | None:
         key = choose(request, self.store.shapes.keys(), namespaced=namespaced)
         return self.store.shapes.get(key) if key is not None else None

@@ -1,7 +1,8 @@
 """Hostile input (loadtest/fuzz.py), bounded: 20,000 random requests, malformed HTTP and raw
 garbage at warmwatch in front of the real apiserver, with cached shapes. No 5xx the apiserver
-does not give for the same bytes, no traceback or ERROR line in warmwatch's log, no hang, and
-RSS bounded. ``python -m loadtest.fuzz --requests N`` is the longer run."""
+does not give for the same bytes, no 4xx to a collection read that it answers with another
+code, no traceback or ERROR line in warmwatch's log, no hang, and RSS bounded.
+``python -m loadtest.fuzz --requests N`` is the longer run."""
 
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ async def test_fuzz(plane: ControlPlane, start_sidecar: Callable[..., Sidecar]) 
     assert sum(report.by_kind.values()) == REQUESTS
     assert report.statuses[200] > 1000  # the cases reach the cache, not only the parsers
     assert not report.server_errors, report.table()
+    assert report.client_errors_replayed > 500  # the query checks are reached
+    assert not report.client_errors_differing, report.table()
     assert not report.hangs, report.table()
     assert report.tracebacks == 0 and not report.error_lines, report.error_lines[:5]
     assert report.rss_max < RSS_BOUND

@@ -179,7 +179,17 @@ def test_request_path(
         "/api/v1/namespaces//pods",
         "/apisx/apps/v1/deployments",
         "/metrics",
+        # Empty segments other than trailing: the apiserver answers them (Go's mux 404s a
+        # leading "//"; go-restful 404s "/api//v1/..."), not a LIST from the cache.
+        "//api/v1/configmaps",
+        "/api//v1/configmaps",
+        "api/v1/configmaps",
     ],
 )
 def test_non_resource_paths(path: str) -> None:
     assert RequestPath.parse(path) is None
+
+
+@pytest.mark.parametrize("path", ["/api/v1/configmaps/", "/api/v1/configmaps//"])
+def test_trailing_slashes_are_ignored_as_the_apiserver_does(path: str) -> None:
+    assert RequestPath.parse(path) == RequestPath.parse("/api/v1/configmaps")

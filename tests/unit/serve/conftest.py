@@ -32,7 +32,9 @@ async def serving(
 
     ctx = Context(
         store=store,
-        syncer=cast(Any, SimpleNamespace(find=find, without_protobuf=set())),
+        syncer=cast(
+            Any, SimpleNamespace(find=find, holds=lambda gvr: True, without_protobuf=set())
+        ),
         upstream=cast(Any, None),
         discovery=cast(Any, None),
         metrics=Metrics(),
