@@ -4,12 +4,14 @@ Order, as the apiserver's: find the resource (404), negotiate the representation
 decode and validate the query (400/422 Status), then choose. warmwatch answers a bad query
 itself only when the apiserver would reach that check too: the resource is one a shape has
 listed, and the Accept header is one the cache serves; otherwise (an unknown resource, YAML,
-a Table, an Accept nobody serves) the apiserver answers, in its own order. The cache answers when the representation is one it can produce (JSON or protobuf, full objects or
-metadata only: ``negotiating``), the
-semantics allow it (not ``Exact``, not a ``continue`` page) and a shape serves the request —
-an existing one, or one learned now. A learned shape whose first list the apiserver refuses
-is dropped, and the client gets the apiserver's own answer. A most-recent read (RV unset)
-first waits for the cache to show the writes made through warmwatch (``freshness``).
+a Table, an Accept nobody serves) the apiserver answers, in its own order.
+
+The cache answers when the representation is one it can produce (JSON or protobuf, full
+objects or metadata only: ``negotiating``), the semantics allow it (not ``Exact``, not a
+``continue`` page) and a shape serves the request — an existing one, or one learned now. A
+learned shape whose first list the apiserver refuses is dropped, and the client gets the
+apiserver's own answer. A most-recent read (RV unset) first waits for the cache to show the
+writes made through warmwatch (``freshness``).
 """
 
 from __future__ import annotations
