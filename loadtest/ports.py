@@ -1,4 +1,5 @@
-"""Ports for the listeners the harness starts (etcd, kube-apiserver, warmwatch, toxiproxy).
+"""Ports for the listeners the harness starts (etcd, kube-apiserver, warmwatch, toxiproxy),
+and what the kernel holds to send on a listener's connections.
 
 A port the kernel hands out for ``bind(("127.0.0.1", 0))`` is an *ephemeral* port: between
 choosing it and the server binding it, any outgoing connection on the machine may take it as
@@ -38,3 +39,20 @@ def free_port() -> int:
                 continue
         return port
     raise RuntimeError(f"no free port between {LOWEST} and {top}")
+
+
+_TCP = Path("/proc/net/tcp")
+_ESTABLISHED = "01"
+
+
+def send_queues(port: int) -> dict[int, int]:
+    """For each established IPv4 connection whose local port is ``port``: its remote port and
+    the bytes the kernel holds to send on it (``tx_queue`` of ``/proc/net/tcp``: not yet sent
+    plus sent but not yet acknowledged). Linux only."""
+    queues = {}
+    for line in _TCP.read_text().splitlines()[1:]:
+        fields = line.split()
+        local, remote, state, queue = fields[1], fields[2], fields[3], fields[4]
+        if state == _ESTABLISHED and int(local.split(":")[1], 16) == port:
+            queues[int(remote.split(":")[1], 16)] = int(queue.split(":")[0], 16)
+    return queues

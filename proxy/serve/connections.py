@@ -12,6 +12,8 @@ the offending line (which may be an ``Authorization`` header). Here:
   431. It sees where headers end in the bytes (the blank line), and from :func:`middleware`
   (a request reaching the application has had its headers read; its end makes the
   connection idle). Over ``max_connections`` a connection's first request is answered 429.
+  Its socket takes at most :data:`UNSENT_LOW_WATER` of an answer not yet sent, so a client
+  that stops reading holds little kernel memory and meets the write deadline soon.
 - :class:`ClientErrorLog` is the logger aiohttp's handler reports to: a client's fault
   (malformed HTTP, a disconnect, a client that stopped reading) is counted in
   ``warmwatch_client_errors_total{reason}`` and logged as one line naming the reason and the
@@ -22,7 +24,9 @@ the offending line (which may be an ``Authorization`` header). Here:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import socket
 import ssl
 import time
 from typing import Final, cast
@@ -53,6 +57,15 @@ requests' headers are a few KiB."""
 
 HEADER_SLACK: Final = 4096
 """Go reads ``MaxHeaderBytes`` plus 4 KiB before it refuses (``http.Server`` ``initialReadLimitSize``)."""
+
+UNSENT_LOW_WATER: Final = 128 * 1024
+"""``TCP_NOTSENT_LOWAT`` of every client connection: the kernel takes more of an answer only
+while less than this is waiting to be sent. Without it Linux grows a socket's send buffer up
+to ``net.ipv4.tcp_wmem``'s maximum (4 MiB) for a client that stops reading, and holds that
+much per connection (kernel memory, charged to the container's under cgroup v2) before a
+write waits and the write deadline can see it: 300 such watchers held 1.1 GiB. It bounds only
+what is not yet sent, so data in flight still grows with the link (a long fat network keeps
+its throughput); 128 KiB is what a watcher catching up reads per step."""
 
 
 def client_fault(error: BaseException | None) -> str | None:
@@ -165,6 +178,7 @@ class GuardedConnection(asyncio.Protocol):
             transport.abort()
             return
         self.over_limit = guard.open > guard.limits.max_connections
+        bound_unsent(transport)
         self._attached = True
         self.handler.connection_made(transport)
         self._start_headers()
@@ -271,6 +285,14 @@ class GuardedConnection(asyncio.Protocol):
         assert self.transport is not None
         self.transport.write(HEADER_TOO_LARGE)
         self.transport.close()
+
+
+def bound_unsent(transport: asyncio.BaseTransport) -> None:
+    """Set :data:`UNSENT_LOW_WATER` on the connection's socket (Linux; elsewhere nothing)."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None and hasattr(socket, "TCP_NOTSENT_LOWAT"):
+        with contextlib.suppress(OSError):  # not a TCP socket, or already closed
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, UNSENT_LOW_WATER)
 
 
 def guarded(request: web.BaseRequest) -> GuardedConnection | None:

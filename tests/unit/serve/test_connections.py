@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
 from aiohttp import web
 
+from loadtest import ports
 from proxy.metrics import Metrics
 from proxy.serve import connections, routing
 from proxy.serve.limiting import Limits
@@ -28,6 +30,15 @@ async def gone(_: web.Request) -> web.Response:
     raise ConnectionResetError("the client left")
 
 
+async def stream(request: web.Request) -> web.StreamResponse:
+    """16 MiB in pieces of 64 KiB, as a LIST from the cache is written."""
+    response = web.StreamResponse()
+    await response.prepare(request)
+    for _ in range(256):
+        await response.write(b"x" * 65536)
+    return response
+
+
 @pytest.fixture
 async def start() -> AsyncIterator[Callable[..., Any]]:
     runners: list[web.AppRunner] = []
@@ -36,6 +47,7 @@ async def start() -> AsyncIterator[Callable[..., Any]]:
         app = web.Application(middlewares=[connections.middleware, routing.statuses])
         app.router.add_get("/ok", ok)
         app.router.add_get("/gone", gone)
+        app.router.add_get("/stream", stream)
         metrics = Metrics()
         app[routing.METRICS] = metrics
         runner, site = await connections.serve(
@@ -217,6 +229,22 @@ async def test_blank_lines_are_not_a_request(start: Any) -> None:
     writer.write(b"\r\n" + REQUEST)
     assert (await reader.readuntil(b"ok")).startswith(b"HTTP/1.1 200")
     writer.close()
+
+
+async def test_a_client_that_stops_reading_holds_little_kernel_memory(start: Any) -> None:
+    """The kernel takes about ``UNSENT_LOW_WATER`` of an answer its client does not read,
+    not the several MiB Linux's send-buffer autotuning would grow to (about 3 MiB here
+    without the bound); the rest waits in the server, where the write deadline sees it."""
+    port, _ = await start()
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # it fills at once
+    client.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(client, ("127.0.0.1", port))
+    await asyncio.get_running_loop().sock_sendall(client, REQUEST.replace(b"/ok", b"/stream"))
+    await asyncio.sleep(0.5)  # the server wrote until its socket took no more
+    queued = ports.send_queues(port)[client.getsockname()[1]]
+    client.close()
+    assert 0 < queued < connections.UNSENT_LOW_WATER + 2 * 65536
 
 
 @pytest.mark.parametrize(
