@@ -12,8 +12,9 @@ the offending line (which may be an ``Authorization`` header). Here:
   431. It sees where headers end in the bytes (the blank line), and from :func:`middleware`
   (a request reaching the application has had its headers read; its end makes the
   connection idle). Over ``max_connections`` a connection's first request is answered 429.
-  Its socket takes at most :data:`UNSENT_LOW_WATER` of an answer not yet sent, so a client
-  that stops reading holds little kernel memory and meets the write deadline soon.
+  Its socket (set on the listener, inherited) takes at most :data:`UNSENT_LOW_WATER` of an
+  answer not yet sent, so a client that stops reading holds little kernel memory and meets
+  the write deadline soon.
 - :class:`ClientErrorLog` is the logger aiohttp's handler reports to: a client's fault
   (malformed HTTP, a disconnect, a client that stopped reading) is counted in
   ``warmwatch_client_errors_total{reason}`` and logged as one line naming the reason and the
@@ -24,7 +25,6 @@ the offending line (which may be an ``Authorization`` header). Here:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import socket
 import ssl
@@ -63,7 +63,7 @@ UNSENT_LOW_WATER: Final = 128 * 1024
 while less than this is waiting to be sent. Without it Linux grows a socket's send buffer up
 to ``net.ipv4.tcp_wmem``'s maximum (4 MiB) for a client that stops reading, and holds that
 much per connection (kernel memory, charged to the container's under cgroup v2) before a
-write waits and the write deadline can see it: 300 such watchers held 1.1 GiB. It bounds only
+write waits and the write deadline can see it: 300 such watchers held 0.8-1.1 GiB. It bounds only
 what is not yet sent, so data in flight still grows with the link (a long fat network keeps
 its throughput); 128 KiB is what a watcher catching up reads per step."""
 
@@ -178,7 +178,6 @@ class GuardedConnection(asyncio.Protocol):
             transport.abort()
             return
         self.over_limit = guard.open > guard.limits.max_connections
-        bound_unsent(transport)
         self._attached = True
         self.handler.connection_made(transport)
         self._start_headers()
@@ -287,14 +286,6 @@ class GuardedConnection(asyncio.Protocol):
         self.transport.close()
 
 
-def bound_unsent(transport: asyncio.BaseTransport) -> None:
-    """Set :data:`UNSENT_LOW_WATER` on the connection's socket (Linux; elsewhere nothing)."""
-    sock = transport.get_extra_info("socket")
-    if sock is not None and hasattr(socket, "TCP_NOTSENT_LOWAT"):
-        with contextlib.suppress(OSError):  # not a TCP socket, or already closed
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, UNSENT_LOW_WATER)
-
-
 def guarded(request: web.BaseRequest) -> GuardedConnection | None:
     transport = request.transport
     protocol = transport.get_protocol() if transport is not None else None
@@ -357,7 +348,12 @@ class GuardedSite(web.BaseSite):
             ssl=self._ssl_context,
             backlog=self._backlog,
             reuse_address=True,
+            start_serving=False,
         )
+        if hasattr(socket, "TCP_NOTSENT_LOWAT"):  # Linux; elsewhere the system's default
+            for listener in self._server.sockets:  # accepted connections inherit it
+                listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, UNSENT_LOW_WATER)
+        await self._server.start_serving()
 
     @property
     def port(self) -> int:
