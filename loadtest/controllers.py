@@ -19,8 +19,9 @@ context its Run gets. So the whole set counts as synced at the first line after 
 
 - every requested controller has logged "Controller starting...",
 - as many "Waiting for caches to sync" lines were logged as controllers were requested, plus one
-  for each garbage-collector resync (``"syncing garbage collector with updated resources from
-  discovery"``, ``--v=2``), each of which waits once more,
+  for each garbage-collector or quota resync (``"syncing garbage collector with updated
+  resources from discovery"``, ``"syncing resource quota controller ..."``, ``--v=2``), each of
+  which waits once more,
 - every "Waiting for caches to sync" has its "Caches are synced" (a wait that fails logs none),
 - and the garbage collector, if requested, logged ``"Garbage collector: all resource monitors
   have synced"``. After 30 s it gives up instead (``"... not all resource monitors could be
@@ -73,6 +74,7 @@ CONTROLLER_NAMES = {
     "daemonset": "daemonset-controller",
     "endpointslice": "endpointslice-controller",
     "garbagecollector": "garbage-collector-controller",
+    "resourcequota": "resourcequota-controller",
     "serviceaccount": "serviceaccount-controller",
     "serviceaccount-token": "serviceaccount-token-controller",
     "namespace": "namespace-controller",
@@ -85,6 +87,7 @@ CONTROLLER_STARTING = "Controller starting..."
 WAITING_FOR_CACHES = "Waiting for caches to sync"
 CACHES_SYNCED = "Caches are synced"
 GC_RESYNC = "syncing garbage collector with updated resources from discovery"
+QUOTA_RESYNC = "syncing resource quota controller with updated resources from discovery"
 GC_SYNCED = "Garbage collector: all resource monitors have synced"
 GC_GAVE_UP = "Garbage collector: not all resource monitors could be synced"
 LEASE_ACQUIRED = "Successfully acquired lease"
@@ -133,7 +136,7 @@ class SyncProgress:
     started: set[str] = field(default_factory=set)
     waits: int = 0
     synced: int = 0
-    gc_resyncs: int = 0
+    resyncs: int = 0
     gc_synced_at: float | None = None
     gc_gave_up: bool = False
     all_synced_at: float | None = None
@@ -149,8 +152,8 @@ class SyncProgress:
             self.waits += 1
         elif message.startswith(f'"{CACHES_SYNCED}"'):
             self.synced += 1
-        elif message.startswith(f'"{GC_RESYNC}"'):
-            self.gc_resyncs += 1
+        elif message.startswith((f'"{GC_RESYNC}"', f'"{QUOTA_RESYNC}"')):
+            self.resyncs += 1
         elif message.startswith(f'"{GC_SYNCED}"'):
             self.gc_synced_at = line.at
         elif message.startswith(f'"{GC_GAVE_UP}'):
@@ -162,7 +165,7 @@ class SyncProgress:
         gc_expected = GARBAGE_COLLECTOR in self.expected
         return (
             all(name in self.started for name in self.expected)
-            and self.waits >= len(self.expected) + self.gc_resyncs
+            and self.waits >= len(self.expected) + self.resyncs
             and self.synced >= self.waits
             and (self.gc_synced_at is not None or not gc_expected)
         )
@@ -171,7 +174,7 @@ class SyncProgress:
         missing = [name for name in self.expected if name not in self.started]
         return (
             f"not started: {missing or 'none'}; caches synced {self.synced} of {self.waits} "
-            f"waits (expected {len(self.expected) + self.gc_resyncs}); garbage collector "
+            f"waits (expected {len(self.expected) + self.resyncs}); garbage collector "
             + (
                 "gave up"
                 if self.gc_gave_up

@@ -141,6 +141,19 @@ def configmap(
     return body
 
 
+async def service_account_token(client: RawClient, *, namespace: str, account: str) -> str:
+    """A bearer token of the service account (a TokenRequest, valid for an hour)."""
+    answer = await client.create(
+        f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token",
+        {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"expirationSeconds": 3600},
+        },
+    )
+    return str(answer["status"]["token"])
+
+
 async def ensure_namespace(client: RawClient, name: str) -> None:
     await client.ensure("/api/v1/namespaces", {"metadata": {"name": name}})
 

@@ -188,7 +188,8 @@ def parser() -> argparse.ArgumentParser:
         "--max-watches",
         kind=int,
         default=limits.max_watches,
-        help=f"watches at once, cached or passed through (default {limits.max_watches})",
+        help="watches and other long-running requests at once, cached or passed through "
+        f"(default {limits.max_watches})",
     )
     _number(
         p,
@@ -197,6 +198,22 @@ def parser() -> argparse.ArgumentParser:
         default=limits.max_client_watches,
         help="watches of one client: remote address and credentials "
         f"(default {limits.max_client_watches})",
+    )
+    _number(
+        p,
+        "--max-requests",
+        kind=int,
+        default=limits.max_requests,
+        help="short requests passed through to the apiserver at once "
+        f"(default {limits.max_requests})",
+    )
+    _number(
+        p,
+        "--max-client-requests",
+        kind=int,
+        default=limits.max_client_requests,
+        help="short passed-through requests of one client at once "
+        f"(default {limits.max_client_requests})",
     )
     _number(
         p,
@@ -279,6 +296,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
             max_connections=args.max_connections,
             max_watches=args.max_watches,
             max_client_watches=args.max_client_watches,
+            max_requests=args.max_requests,
+            max_client_requests=args.max_client_requests,
             max_list_streams=args.max_list_streams,
             header_timeout=args.header_timeout,
             idle_timeout=args.idle_timeout,

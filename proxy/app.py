@@ -38,7 +38,7 @@ from proxy.serve.authenticating import (
 from proxy.serve.context import Context, ServeSettings
 from proxy.serve.limiting import Admission, Limits
 from proxy.serve.securing import ServingCertificate
-from proxy.upstream.connecting import ConnectionSettings, Upstream, connect
+from proxy.upstream.connecting import ConnectionBudget, ConnectionSettings, Upstream, connect
 from proxy.upstream.delegating import Delegation, DelegationSettings
 from proxy.upstream.discovering import DiscoveryCopies, DiscoverySettings, keep_confirmed
 from proxy.upstream.errors import UpstreamError
@@ -85,6 +85,15 @@ class Settings:
     warm start that only needs the cache."""
     shutdown_timeout: float = 20.0
     """Less than a pod's default 30 s grace period, so we exit before the SIGKILL."""
+
+    def connection_budget(self) -> ConnectionBudget:
+        """Upstream connections by purpose, from the limits that bound each: the learned and
+        configured collections, and the passed-through watches and requests."""
+        return ConnectionBudget.sized(
+            shapes=self.sync.max_shapes + len(self.resources),
+            watches=self.limits.max_watches,
+            requests=self.limits.max_requests,
+        )
 
     def store_settings(self) -> StoreSettings:
         """The store's settings, with a reader for each LIST stream and 4 for short reads
@@ -199,7 +208,11 @@ class App:
         self._integrity = asyncio.create_task(store.check_integrity(), name="integrity check")
         self._checkpoints = asyncio.create_task(store.keep_checkpointed(), name="wal checkpoints")
         upstream = await connect(
-            ConnectionSettings(kubeconfig=settings.kubeconfig, context=settings.context),
+            ConnectionSettings(
+                kubeconfig=settings.kubeconfig,
+                context=settings.context,
+                budget=settings.connection_budget(),
+            ),
             metrics=self.metrics,
         )
         self.upstream = upstream

@@ -159,6 +159,19 @@ class Metrics:
             ("verb", "code"),
             registry=r,
         )
+        self.upstream_connections: Final = Gauge(
+            f"{PREFIX}upstream_connections",
+            "Upstream connections in use, by purpose (reflector, passthrough, review, "
+            "discovery); each purpose has its own budget.",
+            ("purpose",),
+            registry=r,
+        )
+        self.upstream_busy: Final = Counter(
+            f"{PREFIX}upstream_busy",
+            "Upstream requests refused because their purpose's connection budget was in use.",
+            ("purpose",),
+            registry=r,
+        )
         self.upstream_relists: Final = Counter(
             f"{PREFIX}upstream_relists",
             "Full upstream lists of a shape (initial fill and after 410 Expired).",

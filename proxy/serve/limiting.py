@@ -29,6 +29,7 @@ from aiohttp import web
 from proxy.kube.gocompat import parse_query
 from proxy.kube.options import parse_bool
 from proxy.kube.resources import RequestPath
+from proxy.upstream import passing
 
 RETRY_AFTER: Final = "1"
 """maxinflight.go's ``retryAfter``."""
@@ -48,12 +49,23 @@ class Limits:
     tens of KiB. Over it, a connection gets 429 to its first request and is closed; over
     twice the limit it is closed at once, unread."""
     max_watches: int = 1024
-    """Watches at once (cached and passed through). kube-controller-manager, which watches
-    every resource type for its garbage collector and quota, needs about 60 collections (a
-    watch or two each); a controller-runtime manager a few dozen."""
+    """Watches and other long-running requests at once (cached and passed through; followed
+    logs, exec, attach, port-forward and proxy count as watches, as in the apiserver's
+    long-running check). kube-controller-manager, which watches every resource type for its
+    garbage collector and quota, needs a watch or two per resource type: about 60 on a bare
+    cluster, 200-odd with 150 CRDs; a controller-runtime manager a few dozen. Each passed-through
+    one holds an upstream connection (``upstream.connecting.ConnectionBudget``)."""
     max_client_watches: int = 512
     """Watches of one client (address and credentials): half the total, so one runaway client
     cannot take every slot while a well-behaved one still gets its few."""
+    max_requests: int = 256
+    """Short requests passed through to the apiserver at once (everything but watches and
+    long-running requests: writes, GETs, discovery, uncached LISTs). Each holds an upstream
+    connection until its answer is read. A controller has a handful in flight (client-go's
+    default QPS is 5, kube-controller-manager's 20); the apiserver's own default in-flight
+    limits are 400 reads and 200 writes for the whole cluster."""
+    max_client_requests: int = 128
+    """Short passed-through requests of one client: half the total, as for watches."""
     max_list_streams: int = 16
     """Cache snapshots streamed at once (LISTs and the initial state of watches from RV unset
     or "0"). Each holds a SQLite reader and its read transaction until the client has read the
@@ -87,6 +99,8 @@ class Limits:
             "max_connections",
             "max_watches",
             "max_client_watches",
+            "max_requests",
+            "max_client_requests",
             "max_list_streams",
             "header_timeout",
             "idle_timeout",
@@ -121,6 +135,12 @@ def client_of(request: web.BaseRequest) -> str:
     return f"{request.remote or ''}|{digest}"
 
 
+def is_long_running(request: web.BaseRequest) -> bool:
+    """A request that holds a watch slot: a watch, or what the apiserver's long-running check
+    names (followed logs, exec, attach, port-forward, proxy)."""
+    return (request.method == "GET" and is_watch(request)) or passing.is_long_running(request)
+
+
 def is_watch(request: web.BaseRequest) -> bool:
     """A watch as the apiserver decides it: ``watch`` true in the query (Go's decoding), or
     the deprecated ``/watch/`` path prefix."""
@@ -139,6 +159,8 @@ class Admission:
         self.limits = limits
         self.watches = 0
         self.client_watches: Counter[str] = Counter()
+        self.requests = 0
+        self.client_requests: Counter[str] = Counter()
         self.list_streams = 0
         self._stream_slots = asyncio.Semaphore(limits.max_list_streams)
 
@@ -155,9 +177,23 @@ class Admission:
             yield
         finally:
             self.watches -= 1
-            self.client_watches[client] -= 1
-            if not self.client_watches[client]:
-                del self.client_watches[client]
+            _release(self.client_watches, client)
+
+    @contextmanager
+    def request(self, client: str) -> Iterator[None]:
+        """Hold a slot of a short passed-through request for ``client``; :class:`LimitReached`
+        when none is free."""
+        if self.requests >= self.limits.max_requests:
+            raise LimitReached("requests")
+        if self.client_requests[client] >= self.limits.max_client_requests:
+            raise LimitReached("client_requests")
+        self.requests += 1
+        self.client_requests[client] += 1
+        try:
+            yield
+        finally:
+            self.requests -= 1
+            _release(self.client_requests, client)
 
     @asynccontextmanager
     async def list_stream(self) -> AsyncIterator[None]:
@@ -175,3 +211,9 @@ class Admission:
         finally:
             self.list_streams -= 1
             self._stream_slots.release()
+
+
+def _release(held: Counter[str], client: str) -> None:
+    held[client] -= 1
+    if not held[client]:
+        del held[client]

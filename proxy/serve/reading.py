@@ -28,7 +28,7 @@ from proxy.kube.gocompat import parse_query
 from proxy.kube.options import ListOptions, ListSemanticsKind, list_semantics, watch_start
 from proxy.kube.resources import RequestPath
 from proxy.kube.status import StatusError
-from proxy.serve import authorizing, freshness
+from proxy.serve import authorizing, freshness, limiting
 from proxy.serve.authorizing import Grant
 from proxy.serve.context import Context
 from proxy.serve.listing import serve_list
@@ -174,7 +174,18 @@ def _servable(accept: str | None, protobuf_ok: bool) -> bool:
 async def pass_through(
     request: web.Request, ctx: Context, *, offline: Offline | None = None
 ) -> web.StreamResponse:
-    """The request, passed through to the apiserver with the context's settings."""
+    """The request, passed through to the apiserver with the context's settings. A short
+    request holds one of ``--max-requests`` (long-running ones hold a watch slot already:
+    ``routing.watch_limits``)."""
+    if limiting.is_long_running(request):
+        return await _pass_through(request, ctx, offline=offline)
+    with ctx.admission.request(limiting.client_of(request)):
+        return await _pass_through(request, ctx, offline=offline)
+
+
+async def _pass_through(
+    request: web.Request, ctx: Context, *, offline: Offline | None
+) -> web.StreamResponse:
     return await passing.pass_through(
         request,
         upstream=ctx.upstream,

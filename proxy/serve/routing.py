@@ -23,6 +23,7 @@ from proxy.serve.context import Context
 from proxy.serve.offline import offline_get
 from proxy.serve.reading import pass_through, read_collection
 from proxy.serve.streaming import cut
+from proxy.upstream.errors import UpstreamBusy
 from proxy.upstream.passing import status_response
 
 logger = logging.getLogger(__name__)
@@ -75,6 +76,10 @@ async def statuses(request: web.Request, handler: Handler) -> web.StreamResponse
         if metrics is not None:
             metrics.rejected.labels(limit=reached.limit).inc()
         return limiting.too_many_requests()
+    except UpstreamBusy as busy:  # a purpose's upstream connections are all in use
+        if metrics is not None:
+            metrics.rejected.labels(limit=f"upstream_{busy.purpose}").inc()
+        return limiting.too_many_requests()
     except web.HTTPException:
         raise
     except Exception as error:
@@ -93,9 +98,9 @@ async def statuses(request: web.Request, handler: Handler) -> web.StreamResponse
 
 @web.middleware
 async def watch_limits(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """A watch holds a slot of ``--max-watches`` and of its client's ``--max-client-watches``
-    while it runs (cached or passed through)."""
-    if request.method != "GET" or not limiting.is_watch(request):
+    """A watch (or another long-running request) holds a slot of ``--max-watches`` and of its
+    client's ``--max-client-watches`` while it runs (cached or passed through)."""
+    if not limiting.is_long_running(request):
         return await handler(request)
     with request.app[CONTEXT].admission.watch(limiting.client_of(request)):
         return await handler(request)

@@ -25,6 +25,15 @@ kubernetes_asyncio loaded at start only.
 Two sessions: the sidecar's own (with its client certificate, if any) and, created on first
 use, one without any client certificate for requests made with a client's own credentials,
 so that the sidecar's identity is never lent to a caller (see docs/design.md §6).
+
+Connections are budgeted by purpose (:class:`ConnectionBudget`, docs/design.md §9): every
+request names its :data:`Purpose`, and holds one of that purpose's slots from sending until
+its answer is released. HTTP/1.1 has no multiplexing, so each open watch holds a connection
+for as long as it runs; one shared pool let 100 reflector watches (or 100 passed-through
+client watches) take every connection, after which nothing else reached the apiserver — not
+passthrough, not a fill, not a TokenReview. With a budget per purpose no purpose can take the
+others' connections. Past a budget a request fails at once with :class:`UpstreamBusy` (or,
+for the short purposes, after a bounded wait); it is never queued without end.
 """
 
 from __future__ import annotations
@@ -53,6 +62,7 @@ from multidict import CIMultiDict
 from proxy.metrics import Metrics
 from proxy.upstream.errors import (
     UpstreamAuthError,
+    UpstreamBusy,
     UpstreamProtocolError,
     UpstreamSilent,
     UpstreamStatusError,
@@ -61,10 +71,13 @@ from proxy.upstream.errors import (
 from proxy.upstream.loaders import credential_loaders
 
 __all__ = [
+    "PURPOSES",
     "Body",
+    "ConnectionBudget",
     "ConnectionSettings",
     "Credentials",
     "Params",
+    "Purpose",
     "Target",
     "Upstream",
     "connect",
@@ -76,6 +89,14 @@ logger = logging.getLogger(__name__)
 #: Whose credentials a request carries: the sidecar's own, or the client's (forwarded as is).
 Credentials = Literal["sidecar", "client"]
 
+#: What a request is for; each purpose has its own share of connections (ConnectionBudget).
+#: ``reflector``: fills, relists and watches of cached collections; ``passthrough``: client
+#: requests forwarded as they are (watches, logs and exec included); ``review``: TokenReviews,
+#: SubjectAccessReviews and SelfSubjectReviews; ``discovery``: discovery documents and health
+#: checks, asked for clients or revalidated in the background.
+Purpose = Literal["reflector", "passthrough", "review", "discovery"]
+PURPOSES: Final[tuple[Purpose, ...]] = ("reflector", "passthrough", "review", "discovery")
+
 #: Query parameters, percent-encoded by the upstream layer.
 Params = Mapping[str, str] | Sequence[tuple[str, str]]
 
@@ -85,6 +106,100 @@ Target = str | tuple[str, Params]
 
 #: A request body: all at once, or streamed chunk by chunk.
 Body = bytes | AsyncIterable[bytes]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConnectionBudget:
+    """Upstream connections each purpose may hold at once (docs/design.md §9).
+
+    The app sizes the two long-running purposes from the limits that already bound them
+    (:meth:`sized`): every cached collection has one reflector, which holds at most one
+    connection (its list, then its watch); every passed-through watch or stream holds a slot
+    of ``--max-watches`` first. So those budgets are never the limit in practice; they keep
+    either purpose, whatever it is asked for, from taking the connections of the others.
+    """
+
+    reflector: int = 500 + 16
+    """Reflectors: one connection each (its list, then its watch) for ``--max-shapes``
+    learned collections plus the configured ones, and 16 for the short requests of fills in
+    progress (a fill counts its collection with a ``limit=1`` LIST for its progress log;
+    ``ListLimiter`` runs 3 fills at once)."""
+
+    passthrough: int = 1024 + 256
+    """Passed-through requests: ``--max-watches`` long-running ones (watches, followed logs,
+    exec) plus ``--max-requests`` short ones, each already admitted by the serving layer."""
+
+    review: int = 16
+    """TokenReviews and SubjectAccessReviews in flight. A review takes a millisecond or two
+    at a healthy apiserver, so 16 connections answer thousands a second; decisions are
+    cached and identical reviews merged, so a real client set needs a few."""
+
+    discovery: int = 8
+    """Discovery documents and health checks, asked for clients or revalidated. Copies answer
+    most of them; kubectl's and client-go's discovery bursts are short requests."""
+
+    wait: float = 5.0
+    """How long a review or discovery request waits for a free slot before it fails with
+    UpstreamBusy: those requests take milliseconds, so a burst queues briefly instead of
+    failing (the apiserver's priority and fairness queues such bursts too). Reflector and
+    passthrough requests never wait: their slots are held for as long as a watch runs."""
+
+    @classmethod
+    def sized(cls, *, shapes: int, watches: int, requests: int) -> ConnectionBudget:
+        """The budget for ``shapes`` collections, ``watches`` long-running and ``requests``
+        short client requests passed through at once."""
+        return cls(reflector=shapes + _FILL_EXTRA, passthrough=watches + requests)
+
+    def limit(self, purpose: Purpose) -> int:
+        value: int = getattr(self, purpose)
+        return value
+
+    @property
+    def total(self) -> int:
+        return sum(self.limit(purpose) for purpose in PURPOSES)
+
+    def __post_init__(self) -> None:
+        for purpose in PURPOSES:
+            if self.limit(purpose) < 1:
+                raise ValueError(f"the {purpose} connection budget must be at least 1")
+
+
+_FILL_EXTRA: Final = 16
+
+
+class _Slots:
+    """One purpose's connections: a count held and a bound (on the event loop's thread)."""
+
+    def __init__(self, purpose: Purpose, *, limit: int, wait: float, metrics: Metrics) -> None:
+        self.purpose: Final = purpose
+        self.limit: Final = limit
+        self._wait = wait
+        self._free = asyncio.Semaphore(limit)
+        self._held = metrics.upstream_connections.labels(purpose=purpose)
+        self._busy = metrics.upstream_busy.labels(purpose=purpose)
+
+    @contextlib.asynccontextmanager
+    async def hold(self) -> AsyncIterator[None]:
+        """Hold a slot while the block runs; :class:`UpstreamBusy` when none is free (at once,
+        or after the purpose's wait)."""
+        if self._free.locked():
+            if self._wait <= 0:
+                self._busy.inc()
+                raise UpstreamBusy(self.purpose, limit=self.limit)
+            try:
+                async with asyncio.timeout(self._wait):
+                    await self._free.acquire()
+            except TimeoutError:
+                self._busy.inc()
+                raise UpstreamBusy(self.purpose, limit=self.limit) from None
+        else:
+            await self._free.acquire()  # does not block: a slot is free
+        self._held.inc()
+        try:
+            yield
+        finally:
+            self._held.dec()
+            self._free.release()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,9 +229,8 @@ class ConnectionSettings:
     (bookmarks included, for a quiet collection); reflectors pass their own and treat its
     expiry as a quiet watch (``ReflectorSettings.idle_timeout``)."""
 
-    connection_limit: int = 100
-    """Concurrent connections per session, as kubernetes_asyncio's ``connection_pool_maxsize``.
-    Every open watch holds one (HTTP/1.1 has no multiplexing)."""
+    budget: ConnectionBudget = ConnectionBudget()
+    """Connections by purpose. Every open watch holds one (HTTP/1.1 has no multiplexing)."""
 
     read_bufsize: int = 2**21
     """Read buffer, as kubernetes_asyncio: one watch event line may hold an object of up to
@@ -258,6 +372,16 @@ class Upstream:
         self._anonymous_ssl = anonymous_ssl
         self._server_hostname = server_hostname
         self._proxy = proxy
+        budget = settings.budget
+        self._slots: Final = {
+            purpose: _Slots(
+                purpose,
+                limit=budget.limit(purpose),
+                wait=budget.wait if purpose in ("review", "discovery") else 0.0,
+                metrics=metrics,
+            )
+            for purpose in PURPOSES
+        }
         self._sidecar_session = self._new_session(sidecar_ssl)
         self._anonymous_session: aiohttp.ClientSession | None = None
         self._closed = False
@@ -267,7 +391,8 @@ class Upstream:
 
     def _new_session(self, ssl_context: ssl.SSLContext | None) -> aiohttp.ClientSession:
         connector = aiohttp.TCPConnector(
-            limit=self.settings.connection_limit,
+            # The purposes' slots bound what is in use; this only backs them up.
+            limit=self.settings.budget.total,
             ssl=ssl_context if ssl_context is not None else True,
             socket_factory=functools.partial(_keepalive_socket, idle=self.settings.tcp_keepalive),
         )
@@ -341,11 +466,16 @@ class Upstream:
         data: Body | None = None,
         timeout: float | None = None,
         stream: bool = False,
+        purpose: Purpose,
         credentials: Credentials = "sidecar",
         verb: str | None = None,
         raw: bool = False,
     ) -> AsyncIterator[aiohttp.ClientResponse]:
         """Send a request; yield the response once its headers have arrived.
+
+        - ``purpose``: whose connections it uses (:class:`ConnectionBudget`); the slot is
+          held until the block ends. None free: :class:`UpstreamBusy`, before anything is
+          sent.
 
         - ``timeout``: for ``stream=False`` the total time including the body (default
           ``request_timeout``); for ``stream=True`` (watches, logs, any long stream) the
@@ -368,16 +498,19 @@ class Upstream:
         ``asyncio.timeout`` around the block, not inside it). A 401 answer to
         the sidecar's credentials makes the next request refresh them.
         """
-        async with self._open(
-            method,
-            self.url(target, params=params),
-            headers=headers,
-            data=data,
-            client_timeout=self._timeout(stream=stream, timeout=timeout),
-            credentials=credentials,
-            verb=verb or method,
-            raw=raw,
-        ) as response:
+        async with (
+            self._slots[purpose].hold(),
+            self._open(
+                method,
+                self.url(target, params=params),
+                headers=headers,
+                data=data,
+                client_timeout=self._timeout(stream=stream, timeout=timeout),
+                credentials=credentials,
+                verb=verb or method,
+                raw=raw,
+            ) as response,
+        ):
             yield response
 
     @contextlib.asynccontextmanager
@@ -440,6 +573,7 @@ class Upstream:
         data: bytes | None = None,
         json: Any = None,
         timeout: float | None = None,
+        purpose: Purpose,
         credentials: Credentials = "sidecar",
         verb: str | None = None,
     ) -> dict[str, Any]:
@@ -464,6 +598,7 @@ class Upstream:
             headers=request_headers,
             data=data,
             timeout=timeout,
+            purpose=purpose,
             credentials=credentials,
             verb=verb,
         ) as response:
@@ -495,13 +630,32 @@ class Upstream:
         credentials: Credentials = "sidecar",
         verb: str = "CONNECT",
     ) -> AsyncIterator[aiohttp.ClientWebSocketResponse]:
-        """Open a WebSocket to the apiserver (exec, attach, port-forward).
+        """Open a WebSocket to the apiserver (exec, attach, port-forward), on a passthrough
+        slot (:class:`ConnectionBudget`) held until it closes.
 
         ``headers`` must not contain the handshake's own headers (``Sec-WebSocket-*``,
         ``Upgrade``, ``Connection``); aiohttp writes them. A refused handshake raises
         :class:`UpstreamStatusError` (the apiserver's answer code; its body is not available
         through aiohttp) and an unreachable apiserver :class:`UpstreamUnavailable`.
         """
+        async with (
+            self._slots["passthrough"].hold(),
+            self._websocket(
+                target, headers=headers, protocols=protocols, credentials=credentials, verb=verb
+            ) as ws,
+        ):
+            yield ws
+
+    @contextlib.asynccontextmanager
+    async def _websocket(
+        self,
+        target: str,
+        *,
+        headers: Mapping[str, str] | None,
+        protocols: Sequence[str],
+        credentials: Credentials,
+        verb: str,
+    ) -> AsyncIterator[aiohttp.ClientWebSocketResponse]:
         session = self._session(credentials)
         request_headers = await self._headers(headers, credentials=credentials)
         try:

@@ -26,7 +26,12 @@ from dataclasses import dataclass
 from proxy.kube.status import StatusError
 from proxy.metrics import Metrics
 from proxy.upstream.connecting import Upstream
-from proxy.upstream.errors import UpstreamError, UpstreamStatusError, UpstreamUnavailable
+from proxy.upstream.errors import (
+    UpstreamBusy,
+    UpstreamError,
+    UpstreamStatusError,
+    UpstreamUnavailable,
+)
 from proxy.upstream.remembering import Decisions, digest
 from proxy.upstream.resilience import CircuitBreaker
 from proxy.upstream.reviewing import (
@@ -156,6 +161,10 @@ def is_outage(error: BaseException) -> bool:
 
 
 def _failed(what: str, error: UpstreamError) -> StatusError:
+    if isinstance(error, UpstreamBusy):
+        return StatusError.too_many_requests(
+            f"warmwatch cannot {what} now: {error}", retry_after_seconds=1
+        )
     if is_outage(error):
         return StatusError.service_unavailable(
             f"warmwatch cannot {what}: {error}", retry_after_seconds=1

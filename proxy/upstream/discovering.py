@@ -307,6 +307,7 @@ async def serve_discovery(
             credentials=credentials,
             breaker=breaker,
             settings=settings,
+            purpose="discovery",
             headers=headers,
             collector=collector,
         )
@@ -414,7 +415,12 @@ async def revalidate(
         headers["If-None-Match"] = document.etag
     metric = upstream.metrics.discovery_revalidations
     async with upstream.request(
-        "GET", target, headers=headers, timeout=settings.idle_timeout, stream=True
+        "GET",
+        target,
+        headers=headers,
+        timeout=settings.idle_timeout,
+        stream=True,
+        purpose="discovery",
     ) as response:
         if response.status == 304 and document is not None:
             copies.confirmed(key, document)

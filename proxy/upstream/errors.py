@@ -21,6 +21,7 @@ from proxy.kube.status import Reason, StatusError
 
 __all__ = [
     "UpstreamAuthError",
+    "UpstreamBusy",
     "UpstreamError",
     "UpstreamProtocolError",
     "UpstreamStatusError",
@@ -43,6 +44,15 @@ class UpstreamSilent(UpstreamUnavailable):
     """A stream delivered nothing for its read-idle limit. For a watch that is a quiet
     collection as often as a dead connection: the apiserver's bookmarks carry its watch
     cache's resourceVersion, which for a resource nobody writes can stay put for minutes."""
+
+
+class UpstreamBusy(UpstreamError):
+    """Every connection of the request's purpose is in use (``connecting.ConnectionBudget``):
+    nothing was sent. Not the apiserver's fault: no breaker counts it."""
+
+    def __init__(self, purpose: str, *, limit: int) -> None:
+        super().__init__(f"all {limit} upstream connections for {purpose} requests are in use")
+        self.purpose: Final = purpose
 
 
 class UpstreamAuthError(UpstreamError):

@@ -46,7 +46,7 @@ from multidict import CIMultiDict, MultiMapping
 
 from proxy.kube.options import parse_bool
 from proxy.kube.status import StatusError
-from proxy.upstream.connecting import Credentials, Upstream
+from proxy.upstream.connecting import Credentials, Purpose, Upstream
 from proxy.upstream.errors import UpstreamUnavailable
 from proxy.upstream.resilience import BreakerState, CircuitBreaker
 
@@ -240,6 +240,7 @@ async def forward(
     credentials: Credentials,
     breaker: CircuitBreaker | None,
     settings: PassthroughSettings,
+    purpose: Purpose,
     headers: CIMultiDict[str] | None = None,
     collector: Collector | None = None,
     counted: Callable[[int], None] | None = None,
@@ -247,7 +248,8 @@ async def forward(
     """Forward and stream the answer back.
 
     Raises :class:`UpstreamUnavailable` only while nothing has been sent to the client yet;
-    later failures abort the client connection. With ``collector``, a 2xx answer's headers
+    later failures abort the client connection. :class:`UpstreamBusy` when no connection of
+    ``purpose`` is free (nothing was sent). With ``collector``, a 2xx answer's headers
     and body are also kept there; ``counted`` is told the size of every body chunk sent.
     """
     check_reachable(breaker)
@@ -264,6 +266,7 @@ async def forward(
             data=data,
             stream=True,
             timeout=math.inf if long_running else settings.idle_timeout,
+            purpose=purpose,
             credentials=credentials,
             verb=verb,
             raw=True,

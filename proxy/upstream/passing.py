@@ -182,6 +182,7 @@ async def _dispatch(
             credentials=credentials,
             breaker=breaker,
             settings=settings,
+            purpose="passthrough",
             collector=collector,
             counted=(
                 upstream.metrics.list_bytes.labels(resource=listed, source="passthrough").inc

@@ -41,6 +41,7 @@ from proxy.metrics import Metrics
 from proxy.upstream.connecting import Upstream
 from proxy.upstream.decoding import Event, check_content_type, codec_for, error_event
 from proxy.upstream.errors import (
+    UpstreamBusy,
     UpstreamError,
     UpstreamProtocolError,
     UpstreamSilent,
@@ -290,6 +291,8 @@ class Reflector:
                         return Ending.REVOKED
                 unhealthy = error.code >= 500 or error.code == 429
                 await self._pause(error, retry_after=error.retry_after, unhealthy=unhealthy)
+            except UpstreamBusy as error:  # our own budget, not the apiserver's health
+                await self._pause(error, retry_after=None, unhealthy=False)
             except UpstreamError as error:
                 await self._pause(error, retry_after=None, unhealthy=True)
             except (OSError, ValueError) as error:  # a broken stream (framing, JSON)
@@ -357,7 +360,11 @@ class Reflector:
         params = _params(self.shape, limit="1")
         try:
             async with self.upstream.request(
-                "GET", (self.path, params), headers={"Accept": self.codec.accept}, verb="LIST"
+                "GET",
+                (self.path, params),
+                headers={"Accept": self.codec.accept},
+                purpose="reflector",
+                verb="LIST",
             ) as response:
                 if response.status != 200:
                     return
@@ -409,7 +416,11 @@ class Reflector:
             if continue_token:
                 params["continue"] = continue_token
             async with self.upstream.request(
-                "GET", (self.path, params), headers={"Accept": self.codec.accept}, verb="LIST"
+                "GET",
+                (self.path, params),
+                headers={"Accept": self.codec.accept},
+                purpose="reflector",
+                verb="LIST",
             ) as response:
                 body = await response.read()
                 expired = response.status == 410 and continue_token
@@ -546,6 +557,7 @@ class Reflector:
             stream=True,
             timeout=self.settings.idle_timeout,
             headers={"Accept": self.codec.accept},
+            purpose="reflector",
             verb="WATCH",
         ) as response:
             if response.status >= 400:

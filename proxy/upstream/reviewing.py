@@ -178,6 +178,7 @@ async def review_token(
             "kind": "TokenReview",
             "spec": {"token": token},
         },
+        purpose="review",
         verb="TOKENREVIEW",
     )
     status = _status(answer, "TokenReview")
@@ -211,6 +212,7 @@ async def review_access(
             "kind": "SubjectAccessReview",
             "spec": spec,
         },
+        purpose="review",
         verb="SUBJECTACCESSREVIEW",
     )
     status = _status(answer, "SubjectAccessReview")
@@ -229,6 +231,7 @@ async def who_am_i(upstream: Upstream, *, token: str | None = None) -> UserInfo:
         json={"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
         headers=headers,
         credentials="client" if token is not None else "sidecar",
+        purpose="review",
         verb="SELFSUBJECTREVIEW",
     )
     user = _status(answer, "SelfSubjectReview").get("userInfo")

@@ -135,7 +135,11 @@ async def _list(
             params.pop("resourceVersionMatch", None)
             params["continue"] = continue_token
         async with upstream.request(
-            "GET", (path, params), headers={"Accept": codec.accept}, verb="LIST"
+            "GET",
+            (path, params),
+            headers={"Accept": codec.accept},
+            purpose="reflector",
+            verb="LIST",
         ) as response:
             body = await response.read()
             if response.status == 410 and at is not None and not continue_token:

@@ -25,11 +25,13 @@ from kubernetes_asyncio import config as k8s_config
 
 from loadtest import goclient, kubeapi
 from loadtest.cluster import ControlPlane
+from loadtest.controllers import TEST_CONTROLLERS, ControllerManager
 from loadtest.sidecar import Sidecar
 
 pytestmark = pytest.mark.e2e
 
 Kubectl = Callable[..., subprocess.CompletedProcess[str]]
+StartKcm = Callable[..., ControllerManager]
 
 
 @pytest.fixture(scope="session")
@@ -212,3 +214,51 @@ async def converge(
             return
         await asyncio.sleep(0.5)
     assert digest_keys(client, resource) == expected
+
+
+# -- kube-controller-manager under test ---------------------------------------------------
+
+
+@pytest.fixture
+def harness_kcm_paused(plane: ControlPlane) -> Iterator[None]:
+    """The harness's kube-controller-manager stays stopped during the test (also across
+    ``stop_apiserver``/``start_apiserver``) and runs again afterwards, also after a failure."""
+    plane.stop_controller_manager()
+    try:
+        yield
+    finally:
+        plane.start_controller_manager()
+        plane.start_apiserver()  # a no-op when it runs; a failed test may have left it down
+        assert plane.status().get("kube-controller-manager"), "harness KCM not resumed"
+
+
+@pytest.fixture
+def start_kcm(plane: ControlPlane, tmp_path: Path, harness_kcm_paused: None) -> Iterator[StartKcm]:
+    """Start kube-controller-managers (the plane's build) with the test controller set; each
+    logs to its own file in tmp_path; all are stopped at the end of the test, before the
+    harness's is resumed."""
+    started: list[ControllerManager] = []
+
+    def start(
+        *,
+        kubeconfig: Path,
+        leader_elect: bool = False,
+        controllers: Sequence[str] = TEST_CONTROLLERS,
+        extra: Sequence[str] = (),
+    ) -> ControllerManager:
+        kcm = ControllerManager.start(
+            binaries=Path(plane.state().binaries),
+            kubeconfig=kubeconfig,
+            service_account_key=plane.pki.service_account_key,
+            root_ca=plane.pki.ca_cert,
+            log=tmp_path / f"kube-controller-manager-{len(started)}.log",
+            leader_elect=leader_elect,
+            controllers=controllers,
+            extra=extra,
+        )
+        started.append(kcm)
+        return kcm
+
+    yield start
+    for kcm in started:
+        kcm.stop()

@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from pathlib import Path
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import pytest
 
 from loadtest import kubeapi
 from loadtest.cluster import ControlPlane
-from loadtest.controllers import LEASE_ACQUIRED, ControllerManager, deployment, job
+from loadtest.controllers import LEASE_ACQUIRED, deployment, job
 from loadtest.sidecar import Sidecar
+from tests.e2e.conftest import StartKcm
 
 pytestmark = pytest.mark.e2e
 
@@ -36,51 +36,6 @@ CATCH_UP_TIMEOUT = 30.0
 controllers act."""
 
 T = TypeVar("T")
-
-StartKcm = Callable[..., ControllerManager]
-
-
-# -- fixtures ----------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def harness_kcm_paused(plane: ControlPlane) -> Iterator[None]:
-    """The harness's kube-controller-manager stays stopped during the test (also across
-    ``stop_apiserver``/``start_apiserver``) and runs again afterwards, also after a failure."""
-    plane.stop_controller_manager()
-    try:
-        yield
-    finally:
-        plane.start_controller_manager()
-        plane.start_apiserver()  # a no-op when it runs; a failed test may have left it down
-        assert plane.status().get("kube-controller-manager"), "harness KCM not resumed"
-
-
-@pytest.fixture
-def start_kcm(plane: ControlPlane, tmp_path: Path, harness_kcm_paused: None) -> Iterator[StartKcm]:
-    """Start kube-controller-managers (the plane's build) with the test controller set; each
-    logs to its own file in tmp_path; all are stopped at the end of the test, before the
-    harness's is resumed."""
-    started: list[ControllerManager] = []
-
-    def start(
-        *, kubeconfig: Path, leader_elect: bool = False, extra: Sequence[str] = ()
-    ) -> ControllerManager:
-        kcm = ControllerManager.start(
-            binaries=Path(plane.state().binaries),
-            kubeconfig=kubeconfig,
-            service_account_key=plane.pki.service_account_key,
-            root_ca=plane.pki.ca_cert,
-            log=tmp_path / f"kube-controller-manager-{len(started)}.log",
-            leader_elect=leader_elect,
-            extra=extra,
-        )
-        started.append(kcm)
-        return kcm
-
-    yield start
-    for kcm in started:
-        kcm.stop()
 
 
 # -- objects -----------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from proxy.serve.limiting import (
     LimitReached,
     Limits,
     client_of,
+    is_long_running,
     is_watch,
     too_many_requests,
 )
@@ -37,6 +38,45 @@ def test_watches_are_bounded_in_total_and_per_client() -> None:
     a2.__exit__(None, None, None)
     assert admission.watches == 0
     assert not admission.client_watches  # no entry kept for a client without watches
+
+
+def test_short_passthrough_requests_are_bounded_in_total_and_per_client() -> None:
+    """Each passed-through request holds an upstream connection until its answer is read:
+    one client cannot take them all, and none over the total reaches the upstream pool."""
+    admission = Admission(Limits(max_requests=3, max_client_requests=2))
+    with admission.request("a"), admission.request("a"):
+        with pytest.raises(LimitReached) as per_client:
+            admission.request("a").__enter__()
+        assert per_client.value.limit == "client_requests"
+        with admission.request("b"):
+            with pytest.raises(LimitReached) as total:
+                admission.request("c").__enter__()
+            assert total.value.limit == "requests"
+        assert admission.requests == 2
+    assert admission.requests == 0
+    assert not admission.client_requests
+
+
+@pytest.mark.parametrize(
+    ("method", "target", "long_running"),
+    [
+        ("GET", "/api/v1/namespaces/a/configmaps?watch=true", True),
+        ("GET", "/api/v1/watch/namespaces/a/configmaps", True),
+        ("GET", "/api/v1/namespaces/a/pods/p/log?follow=true", True),
+        ("GET", "/api/v1/namespaces/a/pods/p/exec?command=ls", True),
+        ("GET", "/api/v1/nodes/n/proxy/metrics", True),
+        ("GET", "/api/v1/namespaces/a/configmaps", False),
+        ("GET", "/api/v1/namespaces/a/configmaps/watch", False),  # an object named "watch"
+        ("POST", "/api/v1/namespaces/a/configmaps", False),
+        ("GET", "/version", False),
+    ],
+)
+def test_long_running_requests_hold_watch_slots(
+    method: str, target: str, long_running: bool
+) -> None:
+    """The apiserver's long-running check: watches, and the log, exec, attach, portforward
+    and proxy subresources."""
+    assert is_long_running(make_mocked_request(method, target)) is long_running
 
 
 async def test_list_streams_are_bounded_and_released_on_failure() -> None:

@@ -4,8 +4,10 @@ TLS, requests, error mapping, timeouts, metrics."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +17,16 @@ import pytest
 from kubernetes_asyncio.config import incluster_config
 
 from proxy.metrics import Metrics
-from proxy.upstream.connecting import ConnectionSettings, Upstream, connect, proxy_for
+from proxy.upstream.connecting import (
+    ConnectionBudget,
+    ConnectionSettings,
+    Upstream,
+    connect,
+    proxy_for,
+)
 from proxy.upstream.errors import (
     UpstreamAuthError,
+    UpstreamBusy,
     UpstreamProtocolError,
     UpstreamSilent,
     UpstreamStatusError,
@@ -39,7 +48,10 @@ async def test_token_kubeconfig_reaches_the_apiserver(
 ) -> None:
     assert upstream.base_url == apiserver.url
     answer = await upstream.json_request(
-        "GET", "/echo/api/v1/pods", params={"labelSelector": "app in (a,b)", "limit": "500"}
+        "GET",
+        "/echo/api/v1/pods",
+        params={"labelSelector": "app in (a,b)", "limit": "500"},
+        purpose="passthrough",
     )
     assert answer["method"] == "GET"
     assert answer["path_qs"] == "/echo/api/v1/pods?labelSelector=app%20in%20%28a%2Cb%29&limit=500"
@@ -56,6 +68,7 @@ async def test_targets_and_bodies(upstream: Upstream, fake: FakeApiserver) -> No
         params={"b": "2"},
         json={"metadata": {"name": "n"}},
         verb="CREATE",
+        purpose="passthrough",
     )
     assert answer["path_qs"] == "/echo/x?a=1&b=2"
     assert orjson.loads(answer["body"]) == {"metadata": {"name": "n"}}
@@ -71,7 +84,9 @@ async def test_targets_and_bodies(upstream: Upstream, fake: FakeApiserver) -> No
         yield b"part1-"
         yield b"part2"
 
-    async with upstream.request("PUT", "/echo/y?z=%2F", data=body()) as response:
+    async with upstream.request(
+        "PUT", "/echo/y?z=%2F", data=body(), purpose="passthrough"
+    ) as response:
         assert response.status == 200
         answer = orjson.loads(await response.read())
     assert answer["body"] == "part1-part2"
@@ -80,7 +95,7 @@ async def test_targets_and_bodies(upstream: Upstream, fake: FakeApiserver) -> No
 
 async def test_status_errors(upstream: Upstream) -> None:
     with pytest.raises(UpstreamStatusError) as caught:
-        await upstream.json_request("GET", "/status/404")
+        await upstream.json_request("GET", "/status/404", purpose="passthrough")
     assert caught.value.code == 404
     assert caught.value.reason == "NotFound"
     assert caught.value.message == "failure 404"
@@ -89,31 +104,39 @@ async def test_status_errors(upstream: Upstream) -> None:
     assert caught.value.to_status_error().to_payload()["code"] == 404
 
     with pytest.raises(UpstreamStatusError) as caught:
-        await upstream.json_request("GET", "/status/429", params={"retry_after": "3"})
+        await upstream.json_request(
+            "GET", "/status/429", params={"retry_after": "3"}, purpose="passthrough"
+        )
     assert caught.value.code == 429
     assert caught.value.retry_after == 3.0
 
     with pytest.raises(UpstreamStatusError) as caught:
-        await upstream.json_request("GET", "/status/504", params={"details_retry": "2"})
+        await upstream.json_request(
+            "GET", "/status/504", params={"details_retry": "2"}, purpose="passthrough"
+        )
     assert caught.value.retry_after == 2.0
 
     with pytest.raises(UpstreamStatusError) as caught:
-        await upstream.json_request("GET", "/html503")
+        await upstream.json_request("GET", "/html503", purpose="passthrough")
     assert caught.value.code == 503
     assert caught.value.reason == "ServiceUnavailable"
     assert "<html>down</html>" in caught.value.message
 
     with pytest.raises(UpstreamProtocolError):
-        await upstream.json_request("GET", "/notjson")
+        await upstream.json_request("GET", "/notjson", purpose="passthrough")
 
 
 async def test_unreachable(apiserver: Served, upstream: Upstream, metrics: Metrics) -> None:
     await apiserver.stop()
     with pytest.raises(UpstreamUnavailable, match="unavailable"):
-        await upstream.json_request("GET", "/version")
+        await upstream.json_request("GET", "/version", purpose="passthrough")
     with pytest.raises(UpstreamUnavailable):
         async with upstream.request(
-            "GET", "/api/v1/namespaces/default/configmaps?watch=1", stream=True, verb="WATCH"
+            "GET",
+            "/api/v1/namespaces/default/configmaps?watch=1",
+            stream=True,
+            verb="WATCH",
+            purpose="passthrough",
         ):
             pass
     assert metrics.value("warmwatch_upstream_requests_total", {"verb": "GET", "code": "error"}) == 1
@@ -124,14 +147,16 @@ async def test_unreachable(apiserver: Served, upstream: Upstream, metrics: Metri
 
 async def test_total_timeout_for_ordinary_requests(upstream: Upstream) -> None:
     with pytest.raises(UpstreamUnavailable, match=r"timed out|Timeout"):
-        await upstream.json_request("GET", "/sleep", params={"seconds": "5"}, timeout=0.2)
+        await upstream.json_request(
+            "GET", "/sleep", params={"seconds": "5"}, timeout=0.2, purpose="passthrough"
+        )
 
 
 async def test_closed_upstream_refuses_requests(upstream: Upstream) -> None:
     await upstream.close()
     await upstream.close()  # idempotent
     with pytest.raises(UpstreamUnavailable):
-        await upstream.json_request("GET", "/version")
+        await upstream.json_request("GET", "/version", purpose="passthrough")
 
 
 # --------------------------------------------------------------------------------- streams
@@ -144,6 +169,7 @@ async def test_a_stream_yields_chunks(upstream: Upstream, fake: FakeApiserver) -
         headers={"Accept": "application/json"},
         stream=True,
         verb="WATCH",
+        purpose="passthrough",
     ) as response:
         data = b"".join([chunk async for chunk in response.content.iter_any()])
     events = [orjson.loads(line) for line in data.splitlines()]
@@ -168,6 +194,7 @@ async def test_a_silent_stream_times_out(upstream: Upstream) -> None:
             ("/api/v1/namespaces/default/configmaps", {"watch": "1", "stall": "1"}),
             stream=True,
             timeout=0.3,
+            purpose="passthrough",
         ) as response:
             first.append(await response.content.readany())
             await response.content.readany()  # silence: the idle limit fires
@@ -210,7 +237,7 @@ async def test_context_is_selected(apiserver: Served, tmp_path: Path, fake: Fake
         ConnectionSettings(kubeconfig=str(path), context="second"), metrics=Metrics()
     )
     try:
-        await upstream.json_request("GET", "/echo/x")
+        await upstream.json_request("GET", "/echo/x", purpose="passthrough")
         assert fake.seen[-1].headers["authorization"] == "Bearer two-token"
     finally:
         await upstream.close()
@@ -224,7 +251,7 @@ async def test_kubeconfig_from_environment(
     monkeypatch.setenv("KUBECONFIG", f"{tmp_path / 'missing'}:{path}")
     upstream = await connect(ConnectionSettings(), metrics=Metrics())
     try:
-        await upstream.json_request("GET", "/echo/x")
+        await upstream.json_request("GET", "/echo/x", purpose="passthrough")
         assert fake.seen[-1].headers["authorization"] == "Bearer env-token"
     finally:
         await upstream.close()
@@ -270,10 +297,10 @@ async def test_token_file_is_reread(apiserver: Served, tmp_path: Path, fake: Fak
         ConnectionSettings(kubeconfig=str(path), token_file_reread=0.0), metrics=Metrics()
     )
     try:
-        await upstream.json_request("GET", "/echo/1")
+        await upstream.json_request("GET", "/echo/1", purpose="passthrough")
         assert fake.seen[-1].headers["authorization"] == "Bearer first"
         token_file.write_text("second")
-        await upstream.json_request("GET", "/echo/2")
+        await upstream.json_request("GET", "/echo/2", purpose="passthrough")
         assert fake.seen[-1].headers["authorization"] == "Bearer second"
     finally:
         await upstream.close()
@@ -289,12 +316,12 @@ async def test_exec_plugin_token_is_refreshed_when_it_expires(
     upstream = await connect(ConnectionSettings(kubeconfig=str(path)), metrics=Metrics())
     try:
         assert counter.read_text() == "1"  # run once by the loader
-        await upstream.json_request("GET", "/echo/1")
-        await upstream.json_request("GET", "/echo/2")
+        await upstream.json_request("GET", "/echo/1", purpose="passthrough")
+        await upstream.json_request("GET", "/echo/2", purpose="passthrough")
         assert [s.headers["authorization"] for s in fake.seen] == ["Bearer exec-token-1"] * 2
         assert counter.read_text() == "1"  # still valid: the plugin was not run again
         await asyncio.sleep(1.1)
-        await upstream.json_request("GET", "/echo/3")
+        await upstream.json_request("GET", "/echo/3", purpose="passthrough")
         assert fake.seen[-1].headers["authorization"] == "Bearer exec-token-2"
     finally:
         await upstream.close()
@@ -309,14 +336,14 @@ async def test_exec_plugin_is_rerun_after_401(
     )
     upstream = await connect(ConnectionSettings(kubeconfig=str(path)), metrics=Metrics())
     try:
-        await upstream.json_request("GET", "/echo/1")
+        await upstream.json_request("GET", "/echo/1", purpose="passthrough")
         assert fake.seen[-1].headers["authorization"] == "Bearer exec-token-1"
         assert counter.read_text() == "1"  # no expiry: kept, not re-run per request
         fake.rejected_tokens.add("exec-token-1")
         with pytest.raises(UpstreamStatusError) as caught:
-            await upstream.json_request("GET", "/echo/2")
+            await upstream.json_request("GET", "/echo/2", purpose="passthrough")
         assert caught.value.code == 401
-        await upstream.json_request("GET", "/echo/3")
+        await upstream.json_request("GET", "/echo/3", purpose="passthrough")
         assert fake.seen[-1].headers["authorization"] == "Bearer exec-token-2"
         assert counter.read_text() == "2"
     finally:
@@ -369,11 +396,11 @@ async def test_in_cluster_with_rotating_token(
     )
     try:
         assert upstream.base_url == f"https://127.0.0.1:{tls_apiserver.port}"
-        await upstream.json_request("GET", "/echo/1")
+        await upstream.json_request("GET", "/echo/1", purpose="passthrough")
         assert fake.seen[-1].headers["authorization"] == "Bearer sa-token-1"
         assert fake.seen[-1].peer_cn is None  # a service account has no client certificate
         token.write_text("sa-token-2")
-        await upstream.json_request("GET", "/echo/2")
+        await upstream.json_request("GET", "/echo/2", purpose="passthrough")
         assert fake.seen[-1].headers["authorization"] == "Bearer sa-token-2"
     finally:
         await upstream.close()
@@ -390,7 +417,7 @@ async def test_in_cluster_without_token_falls_back_to_kubeconfig(
         ConnectionSettings(incluster_token_path=str(tmp_path / "none")), metrics=Metrics()
     )
     try:
-        await upstream.json_request("GET", "/echo/x")
+        await upstream.json_request("GET", "/echo/x", purpose="passthrough")
         assert fake.seen[-1].headers["authorization"] == "Bearer fallback"
     finally:
         await upstream.close()
@@ -404,7 +431,7 @@ async def test_tls_verification_failure_is_unavailable(
     upstream = await connect(ConnectionSettings(kubeconfig=str(path)), metrics=Metrics())
     try:
         with pytest.raises(UpstreamUnavailable, match="certificate"):
-            await upstream.json_request("GET", "/echo/x")
+            await upstream.json_request("GET", "/echo/x", purpose="passthrough")
         assert fake.seen == []
     finally:
         await upstream.close()
@@ -420,7 +447,7 @@ async def test_client_certificate_kubeconfig(
     )
     upstream = await connect(ConnectionSettings(kubeconfig=str(path)), metrics=Metrics())
     try:
-        await upstream.json_request("GET", "/echo/x")
+        await upstream.json_request("GET", "/echo/x", purpose="passthrough")
         assert fake.seen[-1].peer_cn == "warmwatch-admin"
         assert "authorization" not in fake.seen[-1].headers
     finally:
@@ -492,7 +519,7 @@ async def test_failing_sidecar_credentials_give_500_status(
     try:
         token_file.unlink()
         with pytest.raises(UpstreamAuthError):
-            await upstream.json_request("GET", "/echo/x")
+            await upstream.json_request("GET", "/echo/x", purpose="passthrough")
         async with (
             aiohttp.ClientSession() as session,
             session.get(f"{proxy.url}/echo/x") as response,
@@ -530,3 +557,89 @@ def test_upstream_sockets_have_tcp_keepalive() -> None:
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT) == 3
     finally:
         sock.close()
+
+
+# ------------------------------------------------------------------------ connection budget
+
+
+async def _budgeted(apiserver: Served, tmp_path: Path, budget: ConnectionBudget) -> Upstream:
+    kubeconfig = token_kubeconfig(tmp_path / "kubeconfig", server=apiserver.url, token="t")
+    return await connect(
+        ConnectionSettings(kubeconfig=str(kubeconfig), request_timeout=5.0, budget=budget),
+        metrics=Metrics(),
+    )
+
+
+async def test_watches_of_one_purpose_leave_the_others_their_connections(
+    apiserver: Served, tmp_path: Path
+) -> None:
+    """A purpose whose connections are all held by open watches refuses the next request at
+    once (before anything is sent), and every other purpose still reaches the apiserver: in
+    one shared pool of 100 connections, 100 watches had left nothing for anyone else."""
+    budget = ConnectionBudget(reflector=3, passthrough=2, review=1, discovery=1, wait=0.2)
+    upstream = await _budgeted(apiserver, tmp_path, budget)
+    watch = ("/api/v1/namespaces/default/configmaps", {"watch": "1", "stall": "1"})
+    try:
+        async with contextlib.AsyncExitStack() as held:
+            for _ in range(2):
+                await held.enter_async_context(
+                    upstream.request("GET", watch, stream=True, purpose="passthrough")
+                )
+            started = time.monotonic()
+            with pytest.raises(UpstreamBusy, match="2 upstream connections for passthrough"):
+                await upstream.json_request("GET", "/echo/x", purpose="passthrough")
+            assert time.monotonic() - started < 0.1  # at once: passthrough never waits
+            for purpose in ("reflector", "review", "discovery"):
+                answer = await upstream.json_request("GET", "/echo/x", purpose=purpose)
+                assert answer["method"] == "GET"
+            assert (
+                upstream.metrics.value("warmwatch_upstream_connections", {"purpose": "passthrough"})
+                == 2
+            )
+            assert (
+                upstream.metrics.value("warmwatch_upstream_busy_total", {"purpose": "passthrough"})
+                == 1
+            )
+        # Released with the watches.
+        await upstream.json_request("GET", "/echo/x", purpose="passthrough")
+        assert (
+            upstream.metrics.value("warmwatch_upstream_connections", {"purpose": "passthrough"})
+            == 0
+        )
+    finally:
+        await upstream.close()
+
+
+async def test_a_short_purpose_waits_briefly_for_a_slot(apiserver: Served, tmp_path: Path) -> None:
+    """Reviews and discovery wait up to the budget's ``wait`` for a slot (a burst queues),
+    then fail with UpstreamBusy: never queued without end."""
+    budget = ConnectionBudget(reflector=1, passthrough=1, review=1, discovery=1, wait=0.3)
+    upstream = await _budgeted(apiserver, tmp_path, budget)
+    try:
+        async with upstream.request(
+            "GET", ("/sleep", {"seconds": "0.1"}), purpose="review"
+        ) as first:
+            queued = asyncio.create_task(
+                upstream.json_request("GET", "/echo/queued", purpose="review")
+            )
+            await asyncio.sleep(0.05)
+            assert not queued.done()
+            await first.read()
+        assert (await queued)["method"] == "GET"  # got the slot once the first let it go
+
+        async with upstream.request("GET", ("/sleep", {"seconds": "2"}), purpose="review"):
+            started = time.monotonic()
+            with pytest.raises(UpstreamBusy):
+                await upstream.json_request("GET", "/echo/late", purpose="review")
+            assert 0.25 < time.monotonic() - started < 1.0
+    finally:
+        await upstream.close()
+
+
+def test_the_budget_is_sized_from_the_limits() -> None:
+    budget = ConnectionBudget.sized(shapes=510, watches=1024, requests=256)
+    assert budget.reflector == 510 + 16  # one per collection, and fills' progress counts
+    assert budget.passthrough == 1024 + 256
+    assert budget.total == budget.reflector + budget.passthrough + 16 + 8
+    with pytest.raises(ValueError, match="review connection budget"):
+        ConnectionBudget(review=0)

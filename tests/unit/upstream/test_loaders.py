@@ -53,7 +53,7 @@ async def main():
         upstream = await connect(ConnectionSettings(**case["settings"]), metrics=Metrics())
         try:
             for step in (1, 2):
-                async with upstream.request("GET", f"/echo/{case['name']}-{step}") as answer:
+                async with upstream.request("GET", f"/echo/{case['name']}-{step}", purpose="passthrough") as answer:
                     statuses.append(answer.status)
                 if step == 1 and case["rewrite"]:
                     pathlib.Path(case["rewrite"][0]).write_text(case["rewrite"][1])
