@@ -118,7 +118,8 @@ def parser() -> argparse.ArgumentParser:
         "--reject-paths",
         default=_env("reject-paths", DEFAULT_REJECT_PATHS),
         help="none: comma-separated regular expressions of paths refused with 403 "
-        "(default: exec, attach, port-forward, as kubectl proxy; empty allows all)",
+        "(default: exec, attach, as kubectl proxy, and port-forward and the node, pod and "
+        "service proxies; empty allows all)",
     )
     p.add_argument(
         "--tls-cert-file",

@@ -7,7 +7,8 @@
   the apiserver gives directly, from a cold cache and from a warm one (the shapes filled by
   another identity). Revocation: a deleted RoleBinding denies the next list within the
   TTL and ends the identity's open cached watch.
-- ``--client-auth none``: a cross-origin WebSocket read is refused; exec is refused.
+- ``--client-auth none``: a cross-origin WebSocket read is refused; exec is refused, and so
+  are the node, pod and service proxies.
 - ``--client-auth token-file``: a token of another identity than warmwatch's refuses the
   start; a second token of warmwatch's own identity is accepted.
 - Beyond loopback: delegated over TLS, any Host name.
@@ -318,6 +319,38 @@ async def test_cross_origin_websocket_read_is_refused_in_none_mode(
         ) as exec_answer:
             assert exec_answer.status == 403
             assert "--reject-paths" in (await exec_answer.json())["message"]
+
+
+async def test_node_pod_and_service_proxies_are_refused_in_none_mode(
+    admin_api: kubeapi.RawClient, namespace: str, start_sidecar: Callable[..., Sidecar]
+) -> None:
+    """The kubelet's API (its /run and /exec run commands in containers) and any in-cluster
+    endpoint are not reached with warmwatch's identity by default."""
+    await admin_api.create(
+        f"/api/v1/namespaces/{namespace}/services",
+        {"metadata": {"name": "s"}, "spec": {"ports": [{"port": 80}]}},
+    )
+    sidecar = start_sidecar()  # --client-auth none
+    refused = [
+        ("POST", "/api/v1/nodes/n/proxy/run/ns/pod/container?cmd=id"),
+        ("GET", "/api/v1/nodes/n:10250/proxy/exec/ns/pod/container"),
+        ("GET", f"/api/v1/namespaces/{namespace}/pods/p/proxy/metrics"),
+        ("GET", f"/api/v1/namespaces/{namespace}/pods/http:p:8080/proxy/"),
+        ("GET", f"/api/v1/namespaces/{namespace}/services/s/proxy/"),
+        ("GET", f"/api/v1/namespaces/{namespace}/services/https:s:443/proxy"),
+    ]
+    async with aiohttp.ClientSession() as session:
+        for method, path in refused:
+            async with session.request(method, sidecar.url + path) as answer:
+                assert answer.status == 403, path
+                body = await answer.json()
+                assert body["reason"] == "Forbidden" and "--reject-paths" in body["message"]
+        # None of them reached the apiserver; the objects themselves still do.
+        assert sidecar.metric("warmwatch_passthrough_requests_total") == 0
+        async with session.get(f"{sidecar.url}/api/v1/namespaces/{namespace}/services/s") as ok:
+            assert ok.status == 200
+        async with session.get(f"{sidecar.url}/api/v1/nodes/n") as missing:
+            assert missing.status == 404  # the apiserver's answer: there is no such node
 
 
 def _token_kubeconfig(path: Path, *, plane: ControlPlane, token: str) -> Path:
