@@ -11,7 +11,8 @@
   are the node, pod and service proxies.
 - ``--client-auth token-file``: a token of another identity than warmwatch's refuses the
   start; a second token of warmwatch's own identity is accepted.
-- Beyond loopback: delegated over TLS, any Host name.
+- Beyond loopback: delegated over TLS, any Host name (and any host of an absolute-form
+  target).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from loadtest import kubeapi
 from loadtest.cluster import ControlPlane
 from loadtest.ports import free_port
 from loadtest.sidecar import Sidecar
+from tests.e2e.test_bad_input import exchange, parse_response
 
 pytestmark = pytest.mark.e2e
 
@@ -411,7 +413,8 @@ async def test_delegated_over_tls_beyond_loopback(
     plane: ControlPlane, stage: Stage, start_sidecar: Callable[..., Sidecar]
 ) -> None:
     """Listening on every address takes delegated and TLS; clients reach it by any host name
-    (no loopback Host check there) and get the apiserver's decisions."""
+    (no loopback Host check there, also for the host of an absolute-form target) and get the
+    apiserver's decisions."""
     port = free_port()
     start_sidecar(
         extra=[
@@ -422,6 +425,17 @@ async def test_delegated_over_tls_beyond_loopback(
         ]
     )
     own = f"/api/v1/namespaces/{stage.own}/configmaps"
+    # An absolute-form target of any host is routed by its path, as by the apiserver.
+    target = f"http://evil.example{own}/cm-1"
+    request = (
+        f"GET {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: application/json\r\n"
+        f"Authorization: Bearer {stage.tokens['getter']}\r\nConnection: close\r\n\r\n"
+    ).encode()
+    api_port = int(plane.server.rsplit(":", 1)[1])
+    direct = parse_response(await exchange(api_port, request, tls=_ssl(plane)))
+    through = parse_response(await exchange(port, request, tls=_ssl(plane)))
+    assert direct[0] == through[0] == b"HTTP/1.1 200 OK"
+    assert direct[2] == through[2]
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=_ssl(plane))) as session:
         for identity, expected in (("reader", 200), ("nothing", 403), ("wrong", 401)):
             async with session.get(
