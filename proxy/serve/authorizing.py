@@ -22,6 +22,7 @@ apiserver's filters would decide the same request:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -125,14 +126,18 @@ async def authenticate(request: web.BaseRequest, delegation: Delegation, token: 
 
 
 async def grant(
-    request: web.BaseRequest, delegation: Delegation, attributes: AccessAttributes
+    request: web.BaseRequest,
+    delegation: Delegation,
+    attributes: AccessAttributes,
+    *,
+    implied_by: Sequence[AccessAttributes] = (),
 ) -> Grant | None:
     """Authenticate and authorize a read the cache would answer. None: pass it through (no
     bearer token, or impersonation); a StatusError when it is refused, LimitReached over the
-    TokenReview budget."""
+    TokenReview budget. ``implied_by``: see ``Delegation.authorize``."""
     token = bearer_token(request)
     if token is None or impersonates(request):
         return None
     user = await authenticate(request, delegation, token)
-    await delegation.authorize(user, attributes)
+    await delegation.authorize(user, attributes, implied_by=implied_by)
     return Grant(delegation=delegation, token=token, user=user, attributes=attributes)

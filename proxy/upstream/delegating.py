@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from proxy.kube.status import StatusError
@@ -167,9 +167,18 @@ class Delegation:
             raise StatusError.unauthorized()
         return user
 
-    async def authorize(self, user: UserInfo, attributes: AccessAttributes) -> None:
+    async def authorize(
+        self,
+        user: UserInfo,
+        attributes: AccessAttributes,
+        *,
+        implied_by: Sequence[AccessAttributes] = (),
+    ) -> None:
         """Return when ``user`` may do ``attributes``; a StatusError (403, 503, 500)
-        otherwise."""
+        otherwise. ``implied_by``: requests whose permission includes this one's (the caller
+        says why); while the apiserver cannot be asked and nothing is held for
+        ``attributes``, an allowed decision held for one of them within the offline window
+        allows it."""
 
         async def review() -> AccessVerdict:
             self.metrics.client_auth_reviews.labels(kind="access").inc()
@@ -178,6 +187,8 @@ class Delegation:
         try:
             verdict = await self.access.decide(_access_key(user, attributes), review)
         except UpstreamError as error:
+            if is_outage(error) and self._held_allowed(user, implied_by):
+                return
             raise _failed("authorize the request", error) from error
         if not verdict.allowed:
             raise StatusError.forbidden_request(
@@ -189,6 +200,14 @@ class Delegation:
                 name=attributes.name,
                 reason=verdict.reason,
             )
+
+    def _held_allowed(self, user: UserInfo, requests: Sequence[AccessAttributes]) -> bool:
+        """``user`` was allowed one of ``requests`` within the offline window."""
+        for attributes in requests:
+            held = self.access.held(_access_key(user, attributes))
+            if held is not None and held.value.allowed:
+                return True
+        return False
 
     async def close(self) -> None:
         await self.tokens.close()

@@ -12,6 +12,8 @@
   still served from the cache); 10,000 from one address get the TokenReview budget and then
   429s, while a client of that address is not limited; other clients are answered within
   1 s meanwhile.
+- While the apiserver is stopped: a GET of a cached object is allowed by a held list or
+  watch decision of its collection, and refused otherwise (503; a refused token 401).
 - ``--client-auth none``: a cross-origin WebSocket read is refused; exec is refused, and so
   are the node, pod and service proxies.
 - ``--client-auth token-file``: a token of another identity than warmwatch's refuses the
@@ -483,6 +485,57 @@ async def test_token_reviews_of_one_address_are_rate_limited(
     assert headers["Retry-After"] == "1"
     assert body == b"Too many requests, please try again later.\n"
     _answered_in_time(probes)
+
+
+async def test_offline_get_is_authorized_by_held_list_decisions(
+    plane: ControlPlane, stage: Stage, start_sidecar: Callable[..., Sidecar]
+) -> None:
+    """While the apiserver is down, a GET of a cached object is answered to a client that was
+    allowed to list (or watch) the collection within the offline window, in the namespace or
+    across all; anyone else gets 503 (nothing decides it), a refused token 401."""
+    sidecar = _delegated(start_sidecar)
+    own = f"/api/v1/namespaces/{stage.own}/configmaps"
+    other = f"/api/v1/namespaces/{stage.other}/configmaps"
+    async with aiohttp.ClientSession() as session:
+        async with session.get(
+            f"{sidecar.url}{own}/cm-1", headers=_bearer(stage.tokens["getter"])
+        ) as direct:  # passed through while the apiserver answers
+            assert direct.status == 200
+            object_json = await direct.json()
+        before = {
+            "reader": (own, 200),
+            "cluster-reader": ("/api/v1/configmaps", 200),
+            "getter": (own, 403),
+            "nothing": (own, 403),
+            "wrong": (own, 401),
+        }
+        for identity, (path, code) in before.items():
+            async with session.get(
+                sidecar.url + path, headers=_bearer(stage.tokens[identity])
+            ) as listed:
+                assert listed.status == code, identity
+
+        plane.stop_apiserver()
+        try:
+            offline = {
+                ("reader", own): 200,  # its list in the namespace
+                ("cluster-reader", own): 200,  # its list across all namespaces
+                ("cluster-reader", other): 200,
+                ("reader", other): 503,  # never allowed to list there
+                ("getter", own): 503,  # allowed to get, but only the apiserver decided that
+                ("nothing", own): 503,
+                ("anonymous", own): 503,
+                ("wrong", own): 401,  # refused within the window
+            }
+            for (identity, collection), code in offline.items():
+                async with session.get(
+                    f"{sidecar.url}{collection}/cm-1", headers=_bearer(stage.tokens[identity])
+                ) as answer:
+                    assert answer.status == code, (identity, collection, await answer.text())
+                    if code == 200 and collection == own:
+                        assert await answer.json() == object_json
+        finally:
+            plane.start_apiserver()
 
 
 async def test_cross_origin_websocket_read_is_refused_in_none_mode(

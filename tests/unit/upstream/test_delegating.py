@@ -1,6 +1,7 @@
 """Delegated authentication and authorization against an in-process fake of the review APIs:
-what is sent, the answers' Status, caching per identity, the offline window, the TokenReview
-budget per client, and the token-file identity check."""
+what is sent, the answers' Status, caching per identity, the offline window (and the list
+decisions that imply a get), the TokenReview budget per client, and the token-file identity
+check."""
 
 from __future__ import annotations
 
@@ -304,4 +305,50 @@ async def test_refused_tokens_cannot_evict_an_accepted_one(
     await review_server.stop()
     now[0] = 100.0  # the apiserver gone, inside the offline window
     assert await delegation.authenticate("alice-token", client=CLIENT) == user
+    await delegation.close()
+
+
+async def test_offline_a_held_list_implies_a_get(
+    reviews: Reviews, review_server: Served, reviewing_upstream: Upstream
+) -> None:
+    now = [0.0]
+    delegation = Delegation(
+        upstream=reviewing_upstream,
+        settings=DelegationSettings(),
+        metrics=Metrics(),
+        clock=lambda: now[0],
+    )
+
+    def attributes(verb: str, namespace: str, name: str = "") -> AccessAttributes:
+        return AccessAttributes(
+            verb=verb, group="", version="v1", resource="configmaps", namespace=namespace, name=name
+        )
+
+    listing, denied = attributes("list", ""), attributes("list", "b")
+    reviews.allowed.add(("system:serviceaccount:a:alice", "list", ""))
+    user = await delegation.authenticate("alice-token", client=CLIENT)
+    await delegation.authorize(user, listing)
+    with pytest.raises(StatusError):
+        await delegation.authorize(user, denied)
+    # While the apiserver answers, it decides a get itself.
+    with pytest.raises(StatusError) as decided:
+        await delegation.authorize(user, attributes("get", "b", "y"), implied_by=[listing])
+    assert decided.value.code == 403
+
+    await review_server.stop()
+    now[0] = 100.0  # past the TTLs, inside the offline window
+    get = attributes("get", "a", "x")
+    await delegation.authorize(user, get, implied_by=[listing])
+    for implying in ([], [denied]):  # nothing held, or held but denied: cannot decide
+        with pytest.raises(StatusError) as unknown:
+            await delegation.authorize(user, get, implied_by=implying)
+        assert unknown.value.code == 503
+    # A get decided within the window is that decision.
+    with pytest.raises(StatusError) as held:
+        await delegation.authorize(user, attributes("get", "b", "y"), implied_by=[listing])
+    assert held.value.code == 403
+    now[0] = 400.0  # the list decision is older than the offline window
+    with pytest.raises(StatusError) as expired:
+        await delegation.authorize(user, get, implied_by=[listing])
+    assert expired.value.code == 503
     await delegation.close()
