@@ -118,7 +118,25 @@ def parser() -> argparse.ArgumentParser:
         "--reject-paths",
         default=_env("reject-paths", DEFAULT_REJECT_PATHS),
         help="none: comma-separated regular expressions of paths refused with 403 "
-        "(default: exec, attach, port-forward, as kubectl proxy; empty allows all)",
+        "(default: exec, attach, as kubectl proxy, and port-forward and the node, pod and "
+        "service proxies; empty allows all)",
+    )
+    delegation = DelegationSettings()
+    _number(
+        p,
+        "--auth-review-rate",
+        kind=float,
+        default=delegation.review_rate,
+        help="delegated: TokenReviews per second one client address may cause for tokens not "
+        f"accepted before; over it 429 (default {delegation.review_rate:g})",
+    )
+    _number(
+        p,
+        "--auth-review-burst",
+        kind=int,
+        default=delegation.review_burst,
+        help="delegated: TokenReviews one client address may cause at once "
+        f"(default {delegation.review_burst})",
     )
     p.add_argument(
         "--tls-cert-file",
@@ -276,6 +294,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
             allow_ttl=args.auth_cache_ttl,
             deny_ttl=args.auth_cache_ttl,
             offline_window=args.auth_offline_window,
+            review_rate=args.auth_review_rate,
+            review_burst=args.auth_review_burst,
         ),
         reject_paths=RejectPaths.parse(args.reject_paths),
         tls_cert_file=Path(args.tls_cert_file) if args.tls_cert_file else None,

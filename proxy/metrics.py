@@ -274,7 +274,7 @@ class Metrics:
         self.rejected: Final = Counter(
             f"{PREFIX}rejected",
             "Requests and connections refused over a limit (429, or closed at once), by limit: "
-            "connections, watches, client_watches, list_streams.",
+            "connections, watches, client_watches, list_streams, token_reviews.",
             ("limit",),
             registry=r,
         )

@@ -7,6 +7,7 @@ behaviour that show up in list/watch error messages. Nothing here does I/O.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -21,6 +22,7 @@ __all__ = [
     "go_json_bytes",
     "go_json_syntax_error",
     "go_quote",
+    "origin_form",
     "parse_int64",
     "parse_query",
     "parse_uint64",
@@ -203,6 +205,27 @@ def valid_escapes(raw: str) -> bool:
             return False
         index = data.find(b"%", index + 3)
     return True
+
+
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:")
+"""A URL scheme and its colon, as Go's ``getScheme`` reads one."""
+
+
+def origin_form(target: str) -> str | None:
+    """The path and query by which Go's HTTP server routes an absolute-form request target
+    (``GET http://host/p?q HTTP/1.1``, as sent to proxies): ``url.ParseRequestURI`` gives
+    ``/p`` and ``q``, the authority becomes the request's host, and a handler sees only those.
+    An empty or opaque path (``http://host``, ``http:x``) is the empty path. None when
+    ``target`` is not absolute-form (origin-form starts with ``/``)."""
+    if _SCHEME.match(target) is None:
+        return None
+    path, mark, query = target.partition(":")[2].partition("?")
+    if path.startswith("//"):  # the authority, up to the path
+        slash = path.find("/", 2)
+        path = "" if slash == -1 else path[slash:]
+    elif not path.startswith("/"):
+        path = ""  # opaque
+    return path + mark + query
 
 
 def query_unescape(raw: str) -> str | None:

@@ -10,7 +10,8 @@
 - ``none``: every local caller acts as the sidecar, like ``kubectl proxy``; only on loopback.
   So that no web page lends that identity, a request with an ``Origin`` that is not a
   loopback origin is refused (403; WebSocket handshakes included), and paths matching
-  ``--reject-paths`` (exec, attach, port-forward by default) are refused (403).
+  ``--reject-paths`` (exec, attach, port-forward and the node, pod and service proxies by
+  default: ``DEFAULT_REJECT_PATHS``) are refused (403).
 - On a loopback listener (always, except ``delegated`` with TLS): the Host header must name
   a loopback host, so a web page cannot reach the listener through DNS rebinding
   (``kubectl proxy``'s ``--accept-hosts`` default does the same).
@@ -88,8 +89,24 @@ def is_loopback_origin(origin: str) -> bool:
     return is_loopback_host(f"[{url.host}]" if ":" in url.host else url.host)
 
 
-DEFAULT_REJECT_PATHS = r"^/api/.*/pods/.*/exec,^/api/.*/pods/.*/attach,^/api/.*/pods/.*/portforward"
-"""``kubectl proxy``'s ``--reject-paths`` default (exec and attach), and port-forward."""
+DEFAULT_REJECT_PATHS = ",".join(
+    (
+        r"^/api/.*/pods/.*/exec",
+        r"^/api/.*/pods/.*/attach",
+        r"^/api/.*/pods/.*/portforward",
+        r"^/api/.*/nodes/.*/proxy",
+        r"^/api/.*/pods/.*/proxy",
+        r"^/api/.*/services/.*/proxy",
+    )
+)
+"""``kubectl proxy``'s ``--reject-paths`` default (exec and attach), and more: port-forward and
+the ``proxy`` subresources of nodes, pods and services. ``kubectl proxy`` lends its user's
+own identity to the user's own processes; warmwatch lends its service account's to every
+local caller, so what reaches past the apiserver is refused as well: a node's proxy is the
+kubelet's API, whose ``/exec`` and ``/run`` endpoints run commands in any container on the
+node (exec by another path), and the pod and service proxies reach any HTTP endpoint in the
+cluster from the apiserver's network position. Like kubectl's, the patterns are loose (they
+also refuse an object named ``exec`` or ``proxy`` in a namespace named ``pods``)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

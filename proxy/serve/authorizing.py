@@ -13,11 +13,16 @@ apiserver's filters would decide the same request:
   400, as from the apiserver), ``name`` when the field selector pins ``metadata.name``, the
   label and field selectors as given (``AuthorizeWithSelectors``);
 - an open watch is authorized again every allow-TTL; when the answer turns to no, its stream
-  ends and the client's relist gets the 403.
+  ends and the client's relist gets the 403;
+- a client (its remote address: a flood of junk brings a new token each time, so the token
+  cannot tell clients apart) that needs more TokenReviews than its budget gets the
+  apiserver's 429 (``limiting.too_many_requests``), counted as
+  ``warmwatch_rejected_total{limit="token_reviews"}``; see ``upstream.delegating``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -26,10 +31,18 @@ from proxy.kube.gocompat import parse_query
 from proxy.kube.options import ListOptions, decode_list_options, first_values, parse_bool
 from proxy.kube.resources import RequestPath
 from proxy.kube.status import StatusError
-from proxy.upstream.delegating import Delegation
+from proxy.serve.limiting import LimitReached
+from proxy.upstream.delegating import Delegation, TooManyReviews
 from proxy.upstream.reviewing import AccessAttributes, UserInfo
 
-__all__ = ["Grant", "access_attributes", "bearer_token", "grant", "impersonates"]
+__all__ = [
+    "Grant",
+    "access_attributes",
+    "authenticate",
+    "bearer_token",
+    "grant",
+    "impersonates",
+]
 
 
 def bearer_token(request: web.BaseRequest) -> str | None:
@@ -95,21 +108,36 @@ class Grant:
     async def holds(self) -> bool:
         """Still authenticated and allowed (cached decisions count, see ``remembering``)."""
         try:
-            user = await self.delegation.authenticate(self.token)
+            # Charged to nobody: the token was accepted when the watch began.
+            user = await self.delegation.authenticate(self.token, client=None)
             await self.delegation.authorize(user, self.attributes)
         except StatusError:
             return False
         return True
 
 
+async def authenticate(request: web.BaseRequest, delegation: Delegation, token: str) -> UserInfo:
+    """``token``'s identity, any TokenReview charged to the request's remote address; a
+    StatusError when refused, :class:`LimitReached` (``token_reviews``) over the budget."""
+    try:
+        return await delegation.authenticate(token, client=request.remote or "")
+    except TooManyReviews:
+        raise LimitReached("token_reviews") from None
+
+
 async def grant(
-    request: web.BaseRequest, delegation: Delegation, attributes: AccessAttributes
+    request: web.BaseRequest,
+    delegation: Delegation,
+    attributes: AccessAttributes,
+    *,
+    implied_by: Sequence[AccessAttributes] = (),
 ) -> Grant | None:
     """Authenticate and authorize a read the cache would answer. None: pass it through (no
-    bearer token, or impersonation); a StatusError when it is refused."""
+    bearer token, or impersonation); a StatusError when it is refused, LimitReached over the
+    TokenReview budget. ``implied_by``: see ``Delegation.authorize``."""
     token = bearer_token(request)
     if token is None or impersonates(request):
         return None
-    user = await delegation.authenticate(token)
-    await delegation.authorize(user, attributes)
+    user = await authenticate(request, delegation, token)
+    await delegation.authorize(user, attributes, implied_by=implied_by)
     return Grant(delegation=delegation, token=token, user=user, attributes=attributes)

@@ -9,7 +9,6 @@ apiserver waits for its watch cache); False means: pass the read through to the 
 
 from __future__ import annotations
 
-import gzip
 import logging
 import time
 import zlib
@@ -30,14 +29,33 @@ logger = logging.getLogger(__name__)
 _MAX_OBJECT = 8 * 2**20
 """A decompressed answer larger than this is not one object: it is not read."""
 
+_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+"""zlib's window-bits value for each HTTP content coding (``deflate`` is the zlib format)."""
 
-def _decoded(headers: CIMultiDict[str], body: bytes) -> bytes:
+_PIECE = 1 << 20
+"""Decompressed bytes produced per step."""
+
+
+def _decoded(headers: CIMultiDict[str], body: bytes) -> bytes | bytearray | None:
+    """The body without its content coding; None when it decodes to more than
+    ``_MAX_OBJECT`` bytes, or not completely. Decompression is streamed and stops at the
+    bound: a small compressed answer (the list a deletecollection returns, say) may stand for
+    hundreds of MiB, which are never produced (at most the bound and a piece are held)."""
     encoding = headers.get("Content-Encoding", "").strip().lower()
-    if encoding == "gzip":
-        return gzip.decompress(body)[:_MAX_OBJECT]
-    if encoding == "deflate":
-        return zlib.decompress(body)[:_MAX_OBJECT]
-    return body
+    if encoding not in _WBITS:
+        return body if len(body) <= _MAX_OBJECT else None
+    inflater = zlib.decompressobj(_WBITS[encoding])
+    data = bytearray()
+    pending = body
+    while not inflater.eof and len(data) <= _MAX_OBJECT:
+        piece = inflater.decompress(pending, _PIECE)
+        if not piece and len(inflater.unconsumed_tail) == len(pending):
+            break  # no progress: the input ended before the stream did
+        pending = inflater.unconsumed_tail
+        data += piece
+    if len(data) > _MAX_OBJECT or not inflater.eof:
+        return None
+    return data
 
 
 def written_resource_version(headers: CIMultiDict[str], body: bytes) -> str | None:
@@ -46,8 +64,10 @@ def written_resource_version(headers: CIMultiDict[str], body: bytes) -> str | No
     content_type = headers.get("Content-Type", "").split(";")[0].strip().lower()
     try:
         data = _decoded(headers, body)
+        if data is None:
+            return None
         if content_type == protobuf.MEDIA_TYPE:
-            envelope = protobuf.unwrap(data)
+            envelope = protobuf.unwrap(memoryview(data))
             if envelope.kind == "Status":
                 return None
             return protobuf.object_meta(envelope.raw).resource_version or None

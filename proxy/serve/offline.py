@@ -10,9 +10,18 @@ An object the cache does not hold is still 503, never 404: "not found" from a ca
 be behind could make a controller act on an absence that is not real (the garbage collector
 remembers absent owners and would delete their dependents once writes work again).
 
-In ``--client-auth delegated`` the client must be allowed to ``get`` the object, decided by
-the decisions remembered within the offline window (``upstream.remembering``); a client
-without a bearer token, or one never decided, gets the 503.
+In ``--client-auth delegated`` the client must be allowed to ``get`` the object by a decision
+made within the offline window (``upstream.remembering``). While the apiserver answers, a GET
+is passed through and the apiserver decides it, so a ``get`` decision is rarely remembered;
+what a controller has are the decisions for its informers' ``list`` and ``watch``. Those
+count: an allowed ``list`` or ``watch`` without selectors of the same resource (group,
+version, resource) in the object's namespace, or across all namespaces, allows the ``get``.
+It gives nothing away: such a list or watch (from resourceVersion 0) returns every object it
+covers whole, so who may list may read each of them anyway. RBAC grants the verbs apart, but
+no authorizer can make a list's objects unreadable to whom it lets list. A list allowed only
+with a selector (which a webhook authorizer may look at), or only for one name, does not
+count. A client without a bearer token, or with nothing decided, gets the 503; a ``get``
+denied within the window, the 403.
 """
 
 from __future__ import annotations
@@ -41,15 +50,8 @@ def offline_get(ctx: Context, path: RequestPath) -> Offline:
     async def respond(request: web.Request, error: UpstreamUnavailable) -> web.StreamResponse:
         assert path.name is not None
         if ctx.delegation is not None:
-            attributes = AccessAttributes(
-                verb="get",
-                group=path.gvr.group,
-                version=path.gvr.version,
-                resource=path.gvr.resource,
-                namespace=path.namespace or "",
-                name=path.name,
-            )
-            if await authorizing.grant(request, ctx.delegation, attributes) is None:
+            get, *reads = _get_and_its_implying_reads(path)
+            if await authorizing.grant(request, ctx.delegation, get, implied_by=reads) is None:
                 return unavailable(error)
         accept = request.headers.get("Accept")
         protobuf_ok = path.gvr.may_have_protobuf and path.gvr not in ctx.syncer.without_protobuf
@@ -83,3 +85,22 @@ def offline_get(ctx: Context, path: RequestPath) -> Offline:
         return unavailable(error)
 
     return respond
+
+
+def _get_and_its_implying_reads(path: RequestPath) -> list[AccessAttributes]:
+    """The ``get`` of the object at ``path``, then the selector-less ``list`` and ``watch``
+    of its resource in its namespace and across all namespaces (see the module docstring)."""
+
+    def attributes(verb: str, namespace: str, name: str = "") -> AccessAttributes:
+        return AccessAttributes(
+            verb=verb,
+            group=path.gvr.group,
+            version=path.gvr.version,
+            resource=path.gvr.resource,
+            namespace=namespace,
+            name=name,
+        )
+
+    namespaces = [path.namespace, ""] if path.namespace else [""]
+    implying = [attributes(verb, ns) for ns in namespaces for verb in ("list", "watch")]
+    return [attributes("get", path.namespace or "", path.name or ""), *implying]

@@ -215,4 +215,4 @@ async def authenticated_offline(request: web.BaseRequest, *, delegation: Delegat
             "the apiserver is unreachable: this request cannot be authenticated now",
             retry_after_seconds=1,
         )
-    await delegation.authenticate(token)
+    await authorizing.authenticate(request, delegation, token)

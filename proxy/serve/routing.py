@@ -11,10 +11,11 @@ import logging
 import uuid
 from collections.abc import Callable
 
+import yarl
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from proxy.kube.gocompat import valid_escapes
+from proxy.kube.gocompat import origin_form, valid_escapes
 from proxy.kube.resources import RequestPath
 from proxy.kube.status import StatusError
 from proxy.metrics import Metrics
@@ -39,13 +40,28 @@ _BARE = "warmwatch.bare"
 @web.middleware
 async def request_target(request: web.Request, handler: Handler) -> web.StreamResponse:
     """A path with a bad ``%`` escape is refused before anything else, as Go's HTTP server
-    does for the apiserver (plain text, and the connection is closed)."""
+    does for the apiserver (plain text, and the connection is closed). An absolute-form
+    target (``GET http://host/path?query``) is routed by its path and query, as Go's server
+    routes it: every handler after this one sees the origin form, and the URL's host as the
+    request's host (Go's ``Request.Host``, which the loopback Host check then checks)."""
     if not valid_escapes(request.raw_path.partition("?")[0]):
         response = web.Response(status=400, text="400 Bad Request")
         response[_BARE] = True
         response.force_close()
         return response
+    relative = origin_form(request.raw_path)
+    if relative is not None:
+        if not relative.partition("?")[0]:
+            return _not_found()  # no path to route (``http://host``): the apiserver's mux
+        request = request.clone(rel_url=yarl.URL(relative, encoded=True), host=request.host)
     return await handler(request)
+
+
+def _not_found() -> web.Response:
+    """Go's ``http.NotFound``, which the apiserver answers for a path it does not route."""
+    response = web.Response(status=404, text="404 page not found\n")
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    return response
 
 
 async def apiserver_headers(request: web.Request, response: web.StreamResponse) -> None:

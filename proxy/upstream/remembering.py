@@ -12,7 +12,14 @@ kube-rbac-proxy), so that warmwatch decides as the apiserver would, with the sam
 - a review that failed is never remembered: the next lookup asks again;
 - while the apiserver cannot be reached (``outage(error)`` says so of the review's failure), a decision
   made within ``offline_window`` still holds, older or missing ones do not (the caller then
-  denies). The window bounds how long a revocation can go unnoticed during an outage.
+  denies). The window bounds how long a revocation can go unnoticed during an outage;
+- positive and negative decisions are kept apart, each bounded on its own (``max_entries``,
+  ``max_negative``; the least recently decided go first): anyone can make negative ones —
+  a random bearer token is a refused one — so a flood of them must never push out the
+  positive decision a client relies on, during an outage above all;
+- ``admit()`` is called before a review is sent (not for a decision still fresh, nor for
+  a caller that joins a review in flight): it may refuse by raising, so a caller can put
+  a budget on reviews without spending it on what the cache answers.
 
 Everything but the single flight is synchronous and takes the time from ``clock``, so the
 rules are tested without an event loop's timing.
@@ -57,7 +64,8 @@ class Decisions(Generic[T]):
     """Decisions of one kind of review, by key digest.
 
     ``positive(value)`` tells a positive decision from a negative one (they have different
-    TTLs). At most ``max_entries`` are kept; the least recently decided go first.
+    TTLs and are kept apart). At most ``max_entries`` positive and ``max_negative`` negative
+    decisions are kept; in each, the least recently decided go first.
     """
 
     def __init__(
@@ -68,6 +76,7 @@ class Decisions(Generic[T]):
         negative_ttl: float,
         offline_window: float,
         max_entries: int,
+        max_negative: int,
         positive: Callable[[T], bool],
         outage: Callable[[BaseException], bool],
         clock: Callable[[], float] = time.monotonic,
@@ -77,20 +86,28 @@ class Decisions(Generic[T]):
         self.negative_ttl = negative_ttl
         self.offline_window = offline_window
         self.max_entries = max_entries
+        self.max_negative = max_negative
         self._positive = positive
         self._outage = outage
         self._clock = clock
-        self._entries: OrderedDict[bytes, Remembered[T]] = OrderedDict()
+        self._accepted: OrderedDict[bytes, Remembered[T]] = OrderedDict()
+        """Positive decisions, oldest decided first."""
+        self._refused: OrderedDict[bytes, Remembered[T]] = OrderedDict()
+        """Negative decisions, oldest decided first."""
         self._flights: dict[bytes, asyncio.Task[T]] = {}
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._accepted) + len(self._refused)
+
+    def _entry(self, key: bytes) -> Remembered[T] | None:
+        entry = self._accepted.get(key)
+        return entry if entry is not None else self._refused.get(key)
 
     # -- the synchronous rules ----------------------------------------------------------------
 
     def fresh(self, key: bytes) -> Remembered[T] | None:
         """The decision for ``key`` if it is still within its TTL."""
-        entry = self._entries.get(key)
+        entry = self._entry(key)
         if entry is None:
             return None
         ttl = self.positive_ttl if entry.positive else self.negative_ttl
@@ -101,41 +118,61 @@ class Decisions(Generic[T]):
     def held(self, key: bytes) -> Remembered[T] | None:
         """The decision for ``key`` if it was made within the offline window (for when the
         apiserver cannot be asked)."""
-        entry = self._entries.get(key)
+        entry = self._entry(key)
         if entry is None or self._clock() - entry.decided_at >= self.offline_window:
             return None
         return entry
 
+    def known_positive(self, key: bytes) -> bool:
+        """A positive decision for ``key`` is still kept (however old: it was made, so the
+        key is no stranger)."""
+        return key in self._accepted
+
     def remember(self, key: bytes, value: T) -> Remembered[T]:
         entry = Remembered(value=value, positive=self._positive(value), decided_at=self._clock())
-        self._entries[key] = entry
-        self._entries.move_to_end(key)
-        self._prune()
+        kept, other = (
+            (self._accepted, self._refused) if entry.positive else (self._refused, self._accepted)
+        )
+        other.pop(key, None)
+        kept[key] = entry
+        kept.move_to_end(key)
+        self._prune(self._accepted, self.max_entries)
+        self._prune(self._refused, self.max_negative)
         return entry
 
-    def _prune(self) -> None:
+    def _prune(self, entries: OrderedDict[bytes, Remembered[T]], bound: int) -> None:
         """Drop what can no longer be used (past both its TTL and the offline window), then
-        the oldest beyond ``max_entries``. Entries are in decision order, oldest first."""
+        the oldest beyond ``bound``. Entries are in decision order, oldest first."""
         keep = max(self.positive_ttl, self.negative_ttl, self.offline_window)
         now = self._clock()
-        while self._entries:
-            oldest = next(iter(self._entries.values()))
-            if now - oldest.decided_at < keep and len(self._entries) <= self.max_entries:
+        while entries:
+            oldest = next(iter(entries.values()))
+            if now - oldest.decided_at < keep and len(entries) <= bound:
                 break
-            self._entries.popitem(last=False)
+            entries.popitem(last=False)
 
     # -- asking -------------------------------------------------------------------------------
 
-    async def decide(self, key: bytes, review: Callable[[], Awaitable[T]]) -> T:
+    async def decide(
+        self,
+        key: bytes,
+        review: Callable[[], Awaitable[T]],
+        *,
+        admit: Callable[[], None] | None = None,
+    ) -> T:
         """The fresh decision for ``key``, or ``review()``'s (shared with every concurrent
         caller for the same key). A review that fails with an outage falls back to the
         decision held within the offline window; any other failure, or an outage with nothing
-        held, is raised to every caller of that flight."""
+        held, is raised to every caller of that flight. ``admit()`` is called, and what it
+        raises raised, before a review of this caller's own is started (see the module
+        docstring)."""
         entry = self.fresh(key)
         if entry is not None:
             return entry.value
         flight = self._flights.get(key)
         if flight is None:
+            if admit is not None:
+                admit()
             flight = asyncio.create_task(self._fly(key, review), name=f"{self.name} review")
             self._flights[key] = flight
             flight.add_done_callback(lambda _: self._flights.pop(key, None))

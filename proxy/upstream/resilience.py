@@ -1,4 +1,5 @@
-"""Backoff, Retry-After, circuit breaker and the limit on concurrent upstream lists.
+"""Backoff, Retry-After, circuit breaker, the limit on concurrent upstream lists, and rates
+of upstream calls made for clients.
 
 Pure logic: time comes from an injected clock and randomness from an injected source, so the
 tests run in microseconds. The only I/O is ``asyncio.sleep`` in :meth:`Backoff.sleep` and the
@@ -30,6 +31,7 @@ __all__ = [
     "ListLimiter",
     "ListLimiterSettings",
     "ListSlot",
+    "RateBuckets",
     "choose_delay",
 ]
 
@@ -403,3 +405,59 @@ class ListSlot:
             if self._held:
                 self._held = False
                 limiter._release()
+
+
+# ------------------------------------------------------------------------- client rates
+
+
+class RateBuckets:
+    """A token bucket per client: each holds at most ``burst`` tokens, gains ``rate`` a second
+    and starts full; :meth:`take` spends one, or returns False when the bucket is empty.
+
+    State is kept only for clients whose bucket is not full again (a full bucket is what an
+    unknown client starts with), and for at most ``max_clients`` of them, the least recently
+    seen forgotten first: memory stays bounded however many addresses a flood comes from.
+    """
+
+    def __init__(
+        self,
+        *,
+        rate: float,
+        burst: int,
+        max_clients: int = 10_000,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        if rate <= 0 or burst < 1:
+            raise ValueError("a rate must be positive and a burst at least 1")
+        self.rate = rate
+        self.burst = burst
+        self.max_clients = max_clients
+        self._clock = clock
+        self._buckets: dict[str, tuple[float, float]] = {}
+        """Client -> (tokens, when counted); in the order last seen (dicts keep it)."""
+
+    def __len__(self) -> int:
+        return len(self._buckets)
+
+    def _tokens(self, bucket: tuple[float, float], now: float) -> float:
+        tokens, counted = bucket
+        return min(float(self.burst), tokens + (now - counted) * self.rate)
+
+    def take(self, client: str) -> bool:
+        now = self._clock()
+        bucket = self._buckets.pop(client, None)
+        tokens = float(self.burst) if bucket is None else self._tokens(bucket, now)
+        taken = tokens >= 1.0
+        self._buckets[client] = (tokens - 1.0 if taken else tokens, now)
+        self._forget(now)
+        return taken
+
+    def _forget(self, now: float) -> None:
+        """Drop the least recently seen buckets while they are full again, and beyond
+        ``max_clients``."""
+        while self._buckets:
+            oldest = next(iter(self._buckets))
+            full = self._tokens(self._buckets[oldest], now) >= self.burst
+            if not full and len(self._buckets) <= self.max_clients:
+                break
+            del self._buckets[oldest]

@@ -1,6 +1,7 @@
 """Bad input, side by side: each row of the apiserver's ListOptions validation, as a LIST and as a
 WATCH where it applies, gets the same answer from warmwatch as from the apiserver (HTTP code,
-Status reason, message, details); and malformed HTTP never takes warmwatch down.
+Status reason, message, details); malformed HTTP never takes warmwatch down; odd request
+targets (bad escapes, absolute-form) are answered as the apiserver answers them.
 """
 
 from __future__ import annotations
@@ -355,3 +356,78 @@ async def test_bad_percent_encoding_is_answered_like_the_apiserver(
         assert ww_json.get("items") == api_json.get("items")
     else:
         assert ww_body == api_body
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "http://127.0.0.1/api/v1/namespaces/{ns}/configmaps/x",
+        "http://127.0.0.1:8001/api/v1/namespaces/{ns}/configmaps/missing",
+        "HTTPS://localhost/api/v1/namespaces/{ns}/configmaps/x?pretty=1",
+        "ftp://user:pw@127.0.0.1/api/v1/namespaces/{ns}/configmaps/x",
+        "http://127.0.0.1/api/v1/namespaces/{ns}/configmaps?labelSelector=app%3Dx",
+        "http://127.0.0.1/api/v1/namespaces/{ns}/configmaps?watch=1&timeoutSeconds=1&x=%zz",
+        "http://127.0.0.1/api/v1/namespaces/{ns}/configmaps/%zz",
+        "http://127.0.0.1",
+        "http://127.0.0.1?watch=1",
+    ],
+)
+async def test_absolute_form_targets_are_answered_like_the_apiserver(
+    target: str, plane: ControlPlane, sidecar: Sidecar, namespace: str
+) -> None:
+    """``GET http://host/path HTTP/1.1`` (what clients send to a proxy): Go's server routes it
+    by the URL's path and query (the Host header is ignored), and so does warmwatch — a
+    single-object GET passed through, a LIST from the cache (``v1/configmaps`` is cached), a
+    request without a path the apiserver's plain 404."""
+    async with kubeapi.RawClient(
+        base_url=plane.server, ssl_context=kubeapi.client_ssl(plane.pki, identity="admin")
+    ) as admin:
+        await admin.ensure(
+            f"/api/v1/namespaces/{namespace}/configmaps",
+            kubeapi.configmap(name="x", namespace=namespace, labels={"app": "x"}),
+        )
+    request = (
+        f"GET {target.format(ns=namespace)} HTTP/1.1\r\nHost: ignored.example\r\n"
+        "Accept: application/json\r\nConnection: close\r\n\r\n"
+    ).encode()
+    port = int(plane.server.rsplit(":", 1)[1])
+    api_status, api_headers, api_body = parse_response(
+        await exchange(port, request, tls=kubeapi.client_ssl(plane.pki, identity="admin"))
+    )
+    # A loopback listener checks the request's host, which is the URL's (here loopback).
+    ww_status, ww_headers, ww_body = parse_response(await exchange(sidecar.port, request))
+    assert ww_status == api_status
+    assert ww_headers.get("content-type") == api_headers.get("content-type")
+    if "configmaps?" in target and api_body.startswith(b"{"):  # a LIST or a watch
+        api_json = [json.loads(line) for line in api_body.splitlines()]
+        ww_json = [json.loads(line) for line in ww_body.splitlines()]
+        assert [(o.get("kind"), o.get("type")) for o in ww_json] == [
+            (o.get("kind"), o.get("type")) for o in api_json
+        ]
+        assert [o.get("items") for o in ww_json] == [o.get("items") for o in api_json]
+    else:
+        assert ww_body == api_body
+
+
+async def test_absolute_form_with_a_foreign_host_is_refused_on_loopback(
+    plane: ControlPlane, sidecar: Sidecar
+) -> None:
+    """The URL's host is the request's (Go's ``Request.Host``), so the loopback listener's DNS
+    rebinding check refuses it as it refuses such a Host header — where the apiserver, which
+    checks no host, answers. (A TLS listener beyond loopback checks no host either: there it
+    is answered as by the apiserver, ``test_security``.)"""
+    path = "/api/v1/namespaces/kube-system"
+    for target, host, expected in (
+        (f"http://evil.example{path}", "127.0.0.1", 403),
+        (f"http://127.0.0.1{path}", "evil.example", 200),  # the Host header is ignored
+    ):
+        request = (f"GET {target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").encode()
+        port = int(plane.server.rsplit(":", 1)[1])
+        api_status, _, _ = parse_response(
+            await exchange(port, request, tls=kubeapi.client_ssl(plane.pki, identity="admin"))
+        )
+        assert api_status == b"HTTP/1.1 200 OK"
+        ww_status, _, ww_body = parse_response(await exchange(sidecar.port, request))
+        assert ww_status.split(b" ")[1] == str(expected).encode(), (target, ww_body)
+        if expected == 403:
+            assert b"DNS rebinding" in ww_body

@@ -7,18 +7,30 @@
   the apiserver gives directly, from a cold cache and from a warm one (the shapes filled by
   another identity). Revocation: a deleted RoleBinding denies the next list within the
   TTL and ends the identity's open cached watch.
-- ``--client-auth none``: a cross-origin WebSocket read is refused; exec is refused.
+- Floods of random bearer tokens: 10,100 from 101 addresses, each reviewed, do not push out
+  the decision of a client accepted before (the apiserver stopped after the flood, it is
+  still served from the cache); 10,000 from one address get the TokenReview budget and then
+  429s, while a client of that address is not limited; other clients are answered within
+  1 s meanwhile.
+- While the apiserver is stopped: a GET of a cached object is allowed by a held list or
+  watch decision of its collection, and refused otherwise (503; a refused token 401).
+- ``--client-auth none``: a cross-origin WebSocket read is refused; exec is refused, and so
+  are the node, pod and service proxies.
 - ``--client-auth token-file``: a token of another identity than warmwatch's refuses the
   start; a second token of warmwatch's own identity is accepted.
-- Beyond loopback: delegated over TLS, any Host name.
+- Beyond loopback: delegated over TLS, any Host name (and any host of an absolute-form
+  target).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import ssl
 import time
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +43,8 @@ from loadtest import kubeapi
 from loadtest.cluster import ControlPlane
 from loadtest.ports import free_port
 from loadtest.sidecar import Sidecar
+from proxy.upstream.delegating import DelegationSettings
+from tests.e2e.test_bad_input import exchange, parse_response
 
 pytestmark = pytest.mark.e2e
 
@@ -284,6 +298,246 @@ async def test_revoked_access_denies_lists_and_ends_watches_within_the_ttl(
     assert ended < 2 * TTL + 5
 
 
+# ------------------------------------------------------------------- TokenReview floods
+
+FLOOD_ADDRESSES = 101
+"""Loopback source addresses of the spread flood (127.0.0.2 on): each sends as many random
+tokens as its TokenReview burst allows, so every one of them is reviewed."""
+FLOOD_CONCURRENCY = 16
+"""Flood requests in flight at once."""
+FLOOD_DEADLINE = 240.0
+"""The flood must be over within this long (well inside the 300 s offline window)."""
+ANSWERED_WITHIN = 1.0
+"""Every request of another client during a flood is answered within this long."""
+
+
+def _bearer(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}", "Accept": "application/json"}
+
+
+async def _get_json(url: str, token: str | None) -> tuple[int, Any]:
+    """GET ``url`` as ``token``: the status and the decoded body (text when not JSON)."""
+    async with aiohttp.ClientSession() as session, session.get(url, headers=_bearer(token)) as got:
+        body = await got.read()
+        return got.status, (json.loads(body) if body.startswith(b"{") else body.decode())
+
+
+@dataclass
+class Probe:
+    """Another client's requests during a flood: status codes and times to answer."""
+
+    statuses: list[int]
+    seconds: list[float]
+
+
+async def _probe(
+    session: aiohttp.ClientSession, url: str, token: str | None, stop: asyncio.Event
+) -> Probe:
+    """GET ``url`` as ``token`` four times a second until ``stop``."""
+    probe = Probe(statuses=[], seconds=[])
+    while not stop.is_set():
+        started = time.monotonic()
+        async with session.get(url, headers=_bearer(token)) as answer:
+            await answer.read()
+        probe.seconds.append(time.monotonic() - started)
+        probe.statuses.append(answer.status)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.25)
+    return probe
+
+
+@dataclass
+class Flooded:
+    codes: Counter[int]
+    """How many answers had each status code."""
+    samples: dict[int, tuple[dict[str, str], bytes]]
+    """An answer of each status code: its headers and body."""
+
+
+async def _flood(url: str, *, addresses: list[str], per_address: int) -> Flooded:
+    """GET ``url`` with a new random bearer token each time, ``per_address`` times from each
+    source address, ``FLOOD_CONCURRENCY`` at once."""
+    flooded = Flooded(codes=Counter(), samples={})
+    in_flight = asyncio.Semaphore(FLOOD_CONCURRENCY)
+    sessions = [
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(local_addr=(address, 0)))
+        for address in addresses
+    ]
+
+    async def one(session: aiohttp.ClientSession) -> None:
+        async with in_flight:
+            token = f"junk-{uuid.uuid4().hex}"
+            async with session.get(url, headers=_bearer(token)) as answer:
+                body = await answer.read()
+                flooded.codes[answer.status] += 1
+                flooded.samples.setdefault(answer.status, (dict(answer.headers), body))
+
+    try:
+        await asyncio.wait_for(
+            asyncio.gather(*(one(s) for _ in range(per_address) for s in sessions)),
+            FLOOD_DEADLINE,
+        )
+    finally:
+        for session in sessions:
+            await session.close()
+    return flooded
+
+
+async def _flood_with_probes(
+    url: str,
+    probes: dict[str, tuple[str, str | None]],
+    *,
+    addresses: list[str],
+    per_address: int,
+) -> tuple[Flooded, dict[str, Probe], float]:
+    """The flood, while each of ``probes`` (name: url, token) is asked for; the flood's
+    answers, the probes and the flood's duration."""
+    stop = asyncio.Event()
+    async with aiohttp.ClientSession() as session:
+        probing = {
+            name: asyncio.create_task(_probe(session, probe_url, token, stop))
+            for name, (probe_url, token) in probes.items()
+        }
+        started = time.monotonic()
+        try:
+            flooded = await _flood(url, addresses=addresses, per_address=per_address)
+        finally:
+            took = time.monotonic() - started
+            stop.set()
+        done = {name: await task for name, task in probing.items()}
+    return flooded, done, took
+
+
+def _answered_in_time(probes: dict[str, Probe]) -> None:
+    for name, probe in probes.items():
+        assert probe.statuses and set(probe.statuses) == {200}, (name, probe.statuses)
+        slowest = max(probe.seconds)
+        assert slowest < ANSWERED_WITHIN, f"{name}: {slowest:.2f} s"
+
+
+async def test_a_token_flood_cannot_evict_an_accepted_decision(
+    plane: ControlPlane, stage: Stage, start_sidecar: Callable[..., Sidecar]
+) -> None:
+    """10,100 random tokens, each reviewed (from 101 addresses, within each one's burst):
+    more than the 10,000 decisions kept. The refused ones are kept apart, so a client that
+    was accepted before the flood, and idle during it, is still served from the cache when
+    the apiserver then goes away; other clients are answered meanwhile."""
+    sidecar = _delegated(start_sidecar)
+    own = f"{sidecar.url}/api/v1/namespaces/{stage.own}/configmaps"
+    status, listed = await _get_json(own, stage.tokens["reader"])
+    assert status == 200
+    expected = [item["metadata"]["name"] for item in listed["items"]]
+    addresses = [f"127.0.0.{2 + n}" for n in range(FLOOD_ADDRESSES)]
+    per_address = DelegationSettings().review_burst
+    flooded, probes, took = await _flood_with_probes(
+        own,
+        {
+            "filler": (own, stage.tokens["filler"]),
+            "cluster-reader": (f"{sidecar.url}/api/v1/configmaps", stage.tokens["cluster-reader"]),
+        },
+        addresses=addresses,
+        per_address=per_address,
+    )
+    flood = FLOOD_ADDRESSES * per_address
+    print(
+        f"\n{flood} random tokens in {took:.1f} s ({flood / took:.0f}/s); other clients "
+        + ", ".join(f"{n} max {max(p.seconds) * 1000:.0f} ms" for n, p in probes.items())
+    )
+    assert flooded.codes == {401: flood}  # every one reviewed and refused, none over a budget
+    assert sidecar.metric("warmwatch_client_auth_reviews_total", {"kind": "token"}) >= flood
+    _answered_in_time(probes)
+
+    plane.stop_apiserver()
+    try:
+        status, listed = await _get_json(own, stage.tokens["reader"])
+        assert status == 200, listed
+        assert [item["metadata"]["name"] for item in listed["items"]] == expected
+    finally:
+        plane.start_apiserver()
+
+
+async def test_token_reviews_of_one_address_are_rate_limited(
+    stage: Stage, start_sidecar: Callable[..., Sidecar]
+) -> None:
+    """A flood from one address gets its burst of TokenReviews and then the rate; the rest is
+    the apiserver's 429. A client of the same address whose token was accepted is never
+    limited, also when its decision is renewed during the flood (the TTL is 2 s)."""
+    sidecar = _delegated(start_sidecar)
+    own = f"{sidecar.url}/api/v1/namespaces/{stage.own}/configmaps"
+    assert (await _get_json(own, stage.tokens["reader"]))[0] == 200
+    settings = DelegationSettings()
+    sent = 10_000
+    flooded, probes, took = await _flood_with_probes(
+        own, {"reader": (own, stage.tokens["reader"])}, addresses=["127.0.0.1"], per_address=sent
+    )
+    codes = flooded.codes
+    allowed = settings.review_burst + settings.review_rate * took
+    print(
+        f"\n{sent} random tokens from one address in {took:.1f} s: {codes[401]} reviewed "
+        f"(budget {allowed:.0f}), {codes[429]} answered 429; reader max "
+        f"{max(probes['reader'].seconds) * 1000:.0f} ms"
+    )
+    assert set(codes) == {401, 429} and codes.total() == sent
+    assert settings.review_burst <= codes[401] <= allowed + 2
+    assert sidecar.metric("warmwatch_rejected_total", {"limit": "token_reviews"}) == codes[429]
+    # The apiserver's max-in-flight answer, as for warmwatch's other limits.
+    headers, body = flooded.samples[429]
+    assert headers["Retry-After"] == "1"
+    assert body == b"Too many requests, please try again later.\n"
+    _answered_in_time(probes)
+
+
+async def test_offline_get_is_authorized_by_held_list_decisions(
+    plane: ControlPlane, stage: Stage, start_sidecar: Callable[..., Sidecar]
+) -> None:
+    """While the apiserver is down, a GET of a cached object is answered to a client that was
+    allowed to list (or watch) the collection within the offline window, in the namespace or
+    across all; anyone else gets 503 (nothing decides it), a refused token 401."""
+    sidecar = _delegated(start_sidecar)
+    own = f"/api/v1/namespaces/{stage.own}/configmaps"
+    other = f"/api/v1/namespaces/{stage.other}/configmaps"
+    async with aiohttp.ClientSession() as session:
+        async with session.get(
+            f"{sidecar.url}{own}/cm-1", headers=_bearer(stage.tokens["getter"])
+        ) as direct:  # passed through while the apiserver answers
+            assert direct.status == 200
+            object_json = await direct.json()
+        before = {
+            "reader": (own, 200),
+            "cluster-reader": ("/api/v1/configmaps", 200),
+            "getter": (own, 403),
+            "nothing": (own, 403),
+            "wrong": (own, 401),
+        }
+        for identity, (path, code) in before.items():
+            async with session.get(
+                sidecar.url + path, headers=_bearer(stage.tokens[identity])
+            ) as listed:
+                assert listed.status == code, identity
+
+        plane.stop_apiserver()
+        try:
+            offline = {
+                ("reader", own): 200,  # its list in the namespace
+                ("cluster-reader", own): 200,  # its list across all namespaces
+                ("cluster-reader", other): 200,
+                ("reader", other): 503,  # never allowed to list there
+                ("getter", own): 503,  # allowed to get, but only the apiserver decided that
+                ("nothing", own): 503,
+                ("anonymous", own): 503,
+                ("wrong", own): 401,  # refused within the window
+            }
+            for (identity, collection), code in offline.items():
+                async with session.get(
+                    f"{sidecar.url}{collection}/cm-1", headers=_bearer(stage.tokens[identity])
+                ) as answer:
+                    assert answer.status == code, (identity, collection, await answer.text())
+                    if code == 200 and collection == own:
+                        assert await answer.json() == object_json
+        finally:
+            plane.start_apiserver()
+
+
 async def test_cross_origin_websocket_read_is_refused_in_none_mode(
     admin_api: kubeapi.RawClient, namespace: str, start_sidecar: Callable[..., Sidecar]
 ) -> None:
@@ -318,6 +572,38 @@ async def test_cross_origin_websocket_read_is_refused_in_none_mode(
         ) as exec_answer:
             assert exec_answer.status == 403
             assert "--reject-paths" in (await exec_answer.json())["message"]
+
+
+async def test_node_pod_and_service_proxies_are_refused_in_none_mode(
+    admin_api: kubeapi.RawClient, namespace: str, start_sidecar: Callable[..., Sidecar]
+) -> None:
+    """The kubelet's API (its /run and /exec run commands in containers) and any in-cluster
+    endpoint are not reached with warmwatch's identity by default."""
+    await admin_api.create(
+        f"/api/v1/namespaces/{namespace}/services",
+        {"metadata": {"name": "s"}, "spec": {"ports": [{"port": 80}]}},
+    )
+    sidecar = start_sidecar()  # --client-auth none
+    refused = [
+        ("POST", "/api/v1/nodes/n/proxy/run/ns/pod/container?cmd=id"),
+        ("GET", "/api/v1/nodes/n:10250/proxy/exec/ns/pod/container"),
+        ("GET", f"/api/v1/namespaces/{namespace}/pods/p/proxy/metrics"),
+        ("GET", f"/api/v1/namespaces/{namespace}/pods/http:p:8080/proxy/"),
+        ("GET", f"/api/v1/namespaces/{namespace}/services/s/proxy/"),
+        ("GET", f"/api/v1/namespaces/{namespace}/services/https:s:443/proxy"),
+    ]
+    async with aiohttp.ClientSession() as session:
+        for method, path in refused:
+            async with session.request(method, sidecar.url + path) as answer:
+                assert answer.status == 403, path
+                body = await answer.json()
+                assert body["reason"] == "Forbidden" and "--reject-paths" in body["message"]
+        # None of them reached the apiserver; the objects themselves still do.
+        assert sidecar.metric("warmwatch_passthrough_requests_total") == 0
+        async with session.get(f"{sidecar.url}/api/v1/namespaces/{namespace}/services/s") as ok:
+            assert ok.status == 200
+        async with session.get(f"{sidecar.url}/api/v1/nodes/n") as missing:
+            assert missing.status == 404  # the apiserver's answer: there is no such node
 
 
 def _token_kubeconfig(path: Path, *, plane: ControlPlane, token: str) -> Path:
@@ -378,7 +664,8 @@ async def test_delegated_over_tls_beyond_loopback(
     plane: ControlPlane, stage: Stage, start_sidecar: Callable[..., Sidecar]
 ) -> None:
     """Listening on every address takes delegated and TLS; clients reach it by any host name
-    (no loopback Host check there) and get the apiserver's decisions."""
+    (no loopback Host check there, also for the host of an absolute-form target) and get the
+    apiserver's decisions."""
     port = free_port()
     start_sidecar(
         extra=[
@@ -389,6 +676,17 @@ async def test_delegated_over_tls_beyond_loopback(
         ]
     )
     own = f"/api/v1/namespaces/{stage.own}/configmaps"
+    # An absolute-form target of any host is routed by its path, as by the apiserver.
+    target = f"http://evil.example{own}/cm-1"
+    request = (
+        f"GET {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: application/json\r\n"
+        f"Authorization: Bearer {stage.tokens['getter']}\r\nConnection: close\r\n\r\n"
+    ).encode()
+    api_port = int(plane.server.rsplit(":", 1)[1])
+    direct = parse_response(await exchange(api_port, request, tls=_ssl(plane)))
+    through = parse_response(await exchange(port, request, tls=_ssl(plane)))
+    assert direct[0] == through[0] == b"HTTP/1.1 200 OK"
+    assert direct[2] == through[2]
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=_ssl(plane))) as session:
         for identity, expected in (("reader", 200), ("nothing", 403), ("wrong", 401)):
             async with session.get(

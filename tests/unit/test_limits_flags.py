@@ -1,4 +1,5 @@
-"""The limit flags (``proxy/__main__.py``) reach the settings, also from the environment."""
+"""The limit flags (``proxy/__main__.py``) reach the settings, also from the environment (the
+TokenReview budget's among them)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 
 from proxy.__main__ import parser, raise_open_files_limit, settings_from
 from proxy.serve.limiting import Limits
+from proxy.upstream.delegating import DelegationSettings
 
 
 def test_defaults_are_the_documented_ones() -> None:
@@ -48,6 +50,19 @@ def test_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_limit_must_be_positive() -> None:
     with pytest.raises(ValueError, match="--max-watches must be positive"):
         settings_from(parser().parse_args(["--max-watches=0"]))
+
+
+def test_token_review_budget_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    defaults = settings_from(parser().parse_args([])).delegation
+    assert (defaults.review_rate, defaults.review_burst) == (
+        DelegationSettings().review_rate,
+        DelegationSettings().review_burst,
+    )
+    monkeypatch.setenv("WARMWATCH_AUTH_REVIEW_BURST", "7")
+    delegation = settings_from(parser().parse_args(["--auth-review-rate=2.5"])).delegation
+    assert (delegation.review_rate, delegation.review_burst) == (2.5, 7)
+    with pytest.raises(ValueError, match="--auth-review-rate and --auth-review-burst"):
+        settings_from(parser().parse_args(["--auth-review-rate=0"]))
 
 
 def test_the_open_files_limit_is_raised_to_the_hard_one() -> None:

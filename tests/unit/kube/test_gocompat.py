@@ -9,6 +9,7 @@ from proxy.kube.gocompat import (
     go_json,
     go_json_syntax_error,
     go_quote,
+    origin_form,
     parse_int64,
     parse_query,
     parse_uint64,
@@ -147,6 +148,28 @@ def test_query_unescape_and_valid_escapes() -> None:
     assert valid_escapes("/api/v1/namespaces/a%2Fb/configmaps")
     assert not valid_escapes("/api/v1/namespaces/%zz/configmaps")
     assert not valid_escapes("/a%")
+
+
+@pytest.mark.parametrize(
+    ("target", "expected"),
+    [
+        ("/api/v1/namespaces", None),  # origin-form already
+        ("*", None),
+        ("http://127.0.0.1/api/v1/namespaces/a/configmaps/x", "/api/v1/namespaces/a/configmaps/x"),
+        ("https://evil.example:99/api?limit=1&x=%20", "/api?limit=1&x=%20"),
+        ("HTTP://user:pw@h/a%2Fb", "/a%2Fb"),  # escapes kept as sent
+        ("http://h/p?a=b?c", "/p?a=b?c"),  # the first "?" starts the query
+        ("http://h?watch=1", "?watch=1"),  # no path
+        ("http://h", ""),
+        ("http:/api/v1", "/api/v1"),  # no authority
+        ("http:opaque?q", "?q"),  # an opaque path is no path
+        ("1http://h/x", None),  # not a scheme
+    ],
+)
+def test_origin_form_of_an_absolute_target_as_go_routes_it(
+    target: str, expected: str | None
+) -> None:
+    assert origin_form(target) == expected
 
 
 @pytest.mark.parametrize(

@@ -157,12 +157,24 @@ async def test_other_modes_do_not_check_the_origin(tmp_path: Path) -> None:
         ("/api/v1/namespaces/a/pods/p/attach", True),
         ("/api/v1/namespaces/a/pods/p/portforward", True),
         ("/api/v1/namespaces/a/pods/p/%65xec", True),  # decoded before matching
+        ("/api/v1/nodes/n/proxy/run/ns/pod/container", True),  # the kubelet's run
+        ("/api/v1/nodes/n:10250/proxy/exec/ns/pod/container", True),
+        ("/api/v1/nodes/n/proxy", True),
+        ("/api/v1/namespaces/a/pods/p/proxy/", True),
+        ("/api/v1/namespaces/a/pods/http:p:8080/proxy/metrics", True),
+        ("/api/v1/namespaces/a/services/s/proxy/admin", True),
+        ("/api/v1/namespaces/a/services/https:s:443/proxy", True),
         ("/api/v1/namespaces/a/pods/p/log", False),
         ("/api/v1/namespaces/a/pods/p", False),
+        ("/api/v1/nodes/n", False),
+        ("/api/v1/nodes/n/status", False),
+        ("/api/v1/namespaces/a/services/s", False),
         ("/apis/apps/v1/namespaces/a/deployments/exec", False),
     ],
 )
-async def test_none_mode_rejects_exec_attach_and_port_forward(path: str, rejected: bool) -> None:
+async def test_none_mode_rejects_exec_attach_port_forward_and_proxies(
+    path: str, rejected: bool
+) -> None:
     client = await _guarded(authenticating.ClientAuth.parse("none"))
     try:
         answer = await client.post(path)
@@ -195,11 +207,14 @@ def test_repeated_slashes_do_not_slip_by() -> None:
     assert not rejecting.rejects("/apis/v1/namespaces/a/pods/p/log")
 
 
-def test_kubectl_proxys_default_plus_port_forward() -> None:
+def test_kubectl_proxys_default_plus_port_forward_and_proxies() -> None:
     assert authenticating.DEFAULT_REJECT_PATHS.split(",") == [
         "^/api/.*/pods/.*/exec",
         "^/api/.*/pods/.*/attach",
         "^/api/.*/pods/.*/portforward",
+        "^/api/.*/nodes/.*/proxy",
+        "^/api/.*/pods/.*/proxy",
+        "^/api/.*/services/.*/proxy",
     ]
     with pytest.raises(ValueError, match="reject-paths"):
         authenticating.RejectPaths.parse("^/api/(")

@@ -1,13 +1,20 @@
-"""The attributes a cached read is authorized with, and the bearer token as the apiserver
-reads it."""
+"""The attributes a cached read is authorized with, the bearer token as the apiserver reads
+it, and TokenReviews over a client's budget."""
 
 from __future__ import annotations
+
+from typing import Any, cast
+from unittest import mock
 
 import pytest
 from aiohttp.test_utils import make_mocked_request
 
 from proxy.kube.resources import RequestPath
+from proxy.metrics import Metrics
+from proxy.serve import authorizing
 from proxy.serve.authorizing import access_attributes, bearer_token, impersonates
+from proxy.serve.limiting import LimitReached
+from proxy.upstream.delegating import Delegation, DelegationSettings
 from proxy.upstream.reviewing import AccessAttributes
 
 
@@ -88,3 +95,24 @@ def test_impersonation_headers_are_noticed() -> None:
         make_mocked_request("GET", "/", headers={"impersonate-extra-scopes": "view"})
     )
     assert not impersonates(make_mocked_request("GET", "/", headers={"Authorization": "x"}))
+
+
+async def test_a_token_review_over_the_address_budget_is_the_429_limit() -> None:
+    delegation = Delegation(
+        upstream=cast(Any, None),  # never asked: the budget refuses first
+        settings=DelegationSettings(review_burst=1),
+        metrics=Metrics(),
+    )
+    assert delegation.review_budget.take("10.0.0.1")  # spent
+    transport = mock.Mock()
+    transport.get_extra_info.return_value = ("10.0.0.1", 40000)
+    request = make_mocked_request(
+        "GET",
+        "/api/v1/namespaces/a/configmaps",
+        headers={"Authorization": "Bearer junk"},
+        transport=transport,
+    )
+    with pytest.raises(LimitReached) as reached:
+        await authorizing.grant(request, delegation, attrs("/api/v1/namespaces/a/configmaps"))
+    assert reached.value.limit == "token_reviews"
+    await delegation.close()

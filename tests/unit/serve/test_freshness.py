@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import tracemalloc
+import zlib
 from pathlib import Path
 from typing import Any, cast
 
@@ -50,6 +52,28 @@ def test_the_written_rv_from_json_protobuf_and_gzip() -> None:
     zipped = CIMultiDict({"Content-Type": "application/json", "Content-Encoding": "gzip"})
     assert written_resource_version(zipped, gzip.compress(orjson.dumps(obj("x", 45)))) == "45"
     assert written_resource_version(CIMultiDict({"Content-Type": "application/yaml"}), b"") is None
+
+
+def test_a_compressed_answer_is_decompressed_only_up_to_the_bound() -> None:
+    """A small compressed answer that stands for much more than one object (a
+    deletecollection's list) is given up at 8 MiB decompressed, not inflated whole first."""
+    zipped = CIMultiDict({"Content-Type": "application/json", "Content-Encoding": "gzip"})
+    big = {**obj("x", 46), "data": {"a": "x" * (64 << 20)}}
+    bomb = gzip.compress(orjson.dumps(big), compresslevel=9)
+    assert len(bomb) < 1 << 20
+    tracemalloc.start()
+    try:
+        assert written_resource_version(zipped, bomb) is None
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 14 << 20, f"peak {peak / 2**20:.0f} MiB"  # the 8 MiB bound and a piece, not 64
+    # deflate (the zlib format), and answers that do not decompress whole: not read.
+    deflated = CIMultiDict({"Content-Type": "application/json", "Content-Encoding": "deflate"})
+    assert written_resource_version(deflated, zlib.compress(orjson.dumps(obj("x", 47)))) == "47"
+    whole = gzip.compress(orjson.dumps(obj("x", 48)))
+    assert written_resource_version(zipped, whole[:-8]) is None  # cut short
+    assert written_resource_version(zipped, b"not gzip") is None
 
 
 def test_record_write_by_path_and_method() -> None:

@@ -1,9 +1,11 @@
 """GETs while the apiserver is unreachable: a cached object is answered from the cache in the
 negotiated form; an object the cache does not hold stays 503 (never a 404 from a cache that
-may be behind)."""
+may be behind); in delegated mode, a ``get`` is allowed by the list or watch decisions held
+for the resource."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -18,9 +20,13 @@ from proxy.cache.shapes import Encoding, Request, ShapeKey, choose
 from proxy.cache.store import Store, StoreSettings
 from proxy.kube import protobuf
 from proxy.kube.resources import GroupVersionResource, RequestPath
+from proxy.kube.status import StatusError
+from proxy.metrics import Metrics
 from proxy.serve.context import Context, ServeSettings
 from proxy.serve.offline import offline_get
+from proxy.upstream.delegating import Delegation, DelegationSettings
 from proxy.upstream.errors import UpstreamUnavailable
+from proxy.upstream.reviewing import AccessAttributes
 from tests.unit.kube.test_protobuf import configmap
 
 CM = GroupVersionResource.parse("v1/configmaps")
@@ -61,10 +67,15 @@ async def ctx(tmp_path: Path) -> Any:
     await store.close()
 
 
-async def get(ctx: Context, path: str, accept: str) -> tuple[int, str, bytes]:
+async def get(
+    ctx: Context, path: str, accept: str, *, token: str | None = None
+) -> tuple[int, str, bytes]:
     parsed = RequestPath.parse(path)
     assert parsed is not None
-    request = make_mocked_request("GET", path, headers={"Accept": accept})
+    headers = {"Accept": accept}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    request = make_mocked_request("GET", path, headers=headers)
     response = await offline_get(ctx, parsed)(request, UpstreamUnavailable("connection refused"))
     body = getattr(response, "body", b"")
     return response.status, response.headers.get("Content-Type", ""), bytes(body)
@@ -100,3 +111,69 @@ async def test_what_the_cache_does_not_hold_stays_unavailable(ctx: Context) -> N
         status, _, body = await get(ctx, path, "application/json")
         assert status == 503
         assert orjson.loads(body)["reason"] == "ServiceUnavailable"
+
+
+class Apiserver:
+    """TokenReviews and SubjectAccessReviews, answered in process; ``down`` refuses them."""
+
+    def __init__(self) -> None:
+        self.down = False
+        self.allowed: set[tuple[str, str, str]] = set()
+        """(user, verb, namespace) allowed."""
+
+    async def json_request(self, method: str, target: str, **options: Any) -> dict[str, Any]:
+        if self.down:
+            raise UpstreamUnavailable("connection refused")
+        spec = options["json"]["spec"]
+        if target.endswith("/tokenreviews"):
+            return {"status": {"authenticated": True, "user": {"username": spec["token"]}}}
+        attrs = spec["resourceAttributes"]
+        return {
+            "status": {"allowed": (spec["user"], attrs["verb"], attrs["namespace"]) in self.allowed}
+        }
+
+
+def configmaps(verb: str, namespace: str, **selectors: str) -> AccessAttributes:
+    return AccessAttributes(
+        verb=verb, group="", version="v1", resource="configmaps", namespace=namespace, **selectors
+    )
+
+
+async def test_delegated_a_held_list_or_watch_allows_the_get(ctx: Context) -> None:
+    apiserver = Apiserver()
+    delegation = Delegation(
+        upstream=cast(Any, apiserver), settings=DelegationSettings(), metrics=Metrics()
+    )
+    ctx = dataclasses.replace(ctx, delegation=delegation)
+    reads = {
+        "lister": configmaps("list", "a"),
+        "watcher": configmaps("watch", "a"),
+        "cluster-lister": configmaps("list", ""),
+        "other-namespace": configmaps("list", "b"),
+        "labelled": configmaps("list", "a", label_selector="app=x"),
+        "one-name": configmaps("list", "a", name="x", field_selector="metadata.name=x"),
+        "denied": configmaps("list", "a"),
+        "never": configmaps("list", "a"),
+    }
+    for user, read in reads.items():
+        if user not in ("denied", "never"):
+            apiserver.allowed.add((user, read.verb, read.namespace))
+        if user != "never":
+            identity = await delegation.authenticate(user, client="127.0.0.1")
+            try:
+                await delegation.authorize(identity, read)
+            except StatusError:
+                assert user == "denied"
+    apiserver.down = True
+    path = "/api/v1/namespaces/a/configmaps/x"
+    for user in ("lister", "watcher", "cluster-lister"):
+        status, _, body = await get(ctx, path, "application/json", token=user)
+        assert status == 200, user
+        assert orjson.loads(body)["metadata"]["name"] == "x"
+    for user in ("other-namespace", "labelled", "one-name", "denied", "never"):
+        with pytest.raises(StatusError) as refused:
+            await get(ctx, path, "application/json", token=user)
+        assert refused.value.code == 503, user  # nothing that decides the get is held
+    status, _, _ = await get(ctx, path, "application/json")  # no token: cannot be decided
+    assert status == 503
+    await delegation.close()

@@ -1,6 +1,7 @@
 """Delegated authentication and authorization against an in-process fake of the review APIs:
-what is sent, the answers' Status, caching per identity, the offline window, and the
-token-file identity check."""
+what is sent, the answers' Status, caching per identity, the offline window (and the list
+decisions that imply a get), the TokenReview budget per client, and the token-file identity
+check."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from aiohttp import web
 from proxy.kube.status import StatusError
 from proxy.metrics import Metrics
 from proxy.upstream.connecting import ConnectionSettings, Upstream, connect
-from proxy.upstream.delegating import Delegation, DelegationSettings
+from proxy.upstream.delegating import Delegation, DelegationSettings, TooManyReviews
 from proxy.upstream.reviewing import (
     AccessAttributes,
     IdentityMismatch,
@@ -116,6 +117,9 @@ async def reviewing_upstream(review_server: Served, tmp_path: Path) -> AsyncIter
     await connected.close()
 
 
+CLIENT = "127.0.0.1"
+"""The remote address reviews are charged to."""
+
 LIST_CONFIGMAPS = AccessAttributes(
     verb="list",
     group="",
@@ -133,7 +137,7 @@ async def test_token_and_access_reviews_as_the_apiserver_sends_them(
         upstream=reviewing_upstream, settings=DelegationSettings(), metrics=Metrics()
     )
     reviews.allowed.add(("system:serviceaccount:a:alice", "list", "a"))
-    user = await delegation.authenticate("alice-token")
+    user = await delegation.authenticate("alice-token", client=CLIENT)
     assert user.username == "system:serviceaccount:a:alice"
     await delegation.authorize(user, LIST_CONFIGMAPS)
 
@@ -156,7 +160,9 @@ async def test_token_and_access_reviews_as_the_apiserver_sends_them(
     }
 
     # Reused within the TTL: no more reviews.
-    await delegation.authorize(await delegation.authenticate("alice-token"), LIST_CONFIGMAPS)
+    await delegation.authorize(
+        await delegation.authenticate("alice-token", client=CLIENT), LIST_CONFIGMAPS
+    )
     assert len(reviews.bodies) == 2
     await delegation.close()
 
@@ -166,10 +172,10 @@ async def test_refusals_are_the_apiservers_statuses(reviewing_upstream: Upstream
         upstream=reviewing_upstream, settings=DelegationSettings(), metrics=Metrics()
     )
     with pytest.raises(StatusError) as unauthorized:
-        await delegation.authenticate("wrong")
+        await delegation.authenticate("wrong", client=CLIENT)
     assert (unauthorized.value.code, unauthorized.value.message) == (401, "Unauthorized")
 
-    user = await delegation.authenticate("alice-token")
+    user = await delegation.authenticate("alice-token", client=CLIENT)
     with pytest.raises(StatusError) as forbidden:
         await delegation.authorize(user, LIST_CONFIGMAPS)
     assert forbidden.value.code == 403
@@ -191,11 +197,11 @@ async def test_unreachable_apiserver_holds_recent_decisions_only(
         clock=lambda: now[0],
     )
     reviews.allowed.add(("system:serviceaccount:a:alice", "list", "a"))
-    user = await delegation.authenticate("alice-token")
+    user = await delegation.authenticate("alice-token", client=CLIENT)
     await delegation.authorize(user, LIST_CONFIGMAPS)
     await review_server.stop()
     now[0] = 30.0  # past the TTLs, inside the window
-    assert await delegation.authenticate("alice-token") == user
+    assert await delegation.authenticate("alice-token", client=CLIENT) == user
     await delegation.authorize(user, LIST_CONFIGMAPS)
     other = AccessAttributes(verb="watch", group="", version="v1", resource="configmaps")
     with pytest.raises(StatusError) as never_decided:
@@ -203,7 +209,7 @@ async def test_unreachable_apiserver_holds_recent_decisions_only(
     assert never_decided.value.code == 503 and never_decided.value.retry_after == 1
     now[0] = 61.0
     with pytest.raises(StatusError) as expired:
-        await delegation.authenticate("alice-token")
+        await delegation.authenticate("alice-token", client=CLIENT)
     assert expired.value.code == 503
     await delegation.close()
 
@@ -228,16 +234,121 @@ async def test_review_failures_are_outages_unless_refused(
         metrics=Metrics(),
         clock=lambda: now[0],
     )
-    user = await delegation.authenticate("alice-token")
+    user = await delegation.authenticate("alice-token", client=CLIENT)
     reviews.fail_with = code
     now[0] = 20.0  # past the TTL, inside the offline window
     if held:
-        assert await delegation.authenticate("alice-token") == user
+        assert await delegation.authenticate("alice-token", client=CLIENT) == user
     else:  # warmwatch may not review (its RBAC): 500, as the apiserver's failing authorizer
         with pytest.raises(StatusError) as failed:
-            await delegation.authenticate("alice-token")
+            await delegation.authenticate("alice-token", client=CLIENT)
         assert failed.value.code == 500
     with pytest.raises(StatusError) as never:
-        await delegation.authenticate("twin-token")
+        await delegation.authenticate("twin-token", client=CLIENT)
     assert never.value.code == (503 if held else 500)
+    await delegation.close()
+
+
+async def test_token_reviews_are_budgeted_per_client_for_unknown_tokens_only(
+    reviews: Reviews, reviewing_upstream: Upstream
+) -> None:
+    now = [0.0]
+    delegation = Delegation(
+        upstream=reviewing_upstream,
+        settings=DelegationSettings(review_rate=0.05, review_burst=3),
+        metrics=Metrics(),
+        clock=lambda: now[0],
+    )
+    user = await delegation.authenticate("alice-token", client=CLIENT)  # 1 of 3
+    for n in range(2):
+        with pytest.raises(StatusError):
+            await delegation.authenticate(f"junk-{n}", client=CLIENT)
+    with pytest.raises(TooManyReviews):
+        await delegation.authenticate("junk-2", client=CLIENT)
+    sent = len(reviews.bodies)
+    # Cached: no review, no budget.
+    assert await delegation.authenticate("alice-token", client=CLIENT) == user
+    # Past the TTL, an accepted token is reviewed again, whatever the budget.
+    now[0] = 10.5
+    for _ in range(10):
+        with pytest.raises(TooManyReviews):
+            await delegation.authenticate("junk-3", client=CLIENT)
+    assert await delegation.authenticate("alice-token", client=CLIENT) == user
+    assert len(reviews.bodies) == sent + 1
+    # Another address has a budget of its own; an open watch's re-check is charged to nobody.
+    await delegation.authenticate("twin-token", client="10.0.0.7")
+    assert await delegation.authenticate("twin-token", client=None)
+    now[0] = 21.0  # 20 s at 0.05/s: one more review for the flooding address
+    with pytest.raises(StatusError) as refused:
+        await delegation.authenticate("junk-4", client=CLIENT)
+    assert refused.value.code == 401
+    with pytest.raises(TooManyReviews):
+        await delegation.authenticate("junk-5", client=CLIENT)
+    await delegation.close()
+
+
+async def test_refused_tokens_cannot_evict_an_accepted_one(
+    reviews: Reviews, review_server: Served, reviewing_upstream: Upstream
+) -> None:
+    now = [0.0]
+    delegation = Delegation(
+        upstream=reviewing_upstream,
+        settings=DelegationSettings(max_entries=10, max_refused=5, review_burst=1_000),
+        metrics=Metrics(),
+        clock=lambda: now[0],
+    )
+    user = await delegation.authenticate("alice-token", client=CLIENT)
+    for n in range(50):  # five times as many as both bounds together
+        with pytest.raises(StatusError):
+            await delegation.authenticate(f"junk-{n}", client=f"10.0.0.{n}")
+    assert len(delegation.tokens) == 1 + 5
+    await review_server.stop()
+    now[0] = 100.0  # the apiserver gone, inside the offline window
+    assert await delegation.authenticate("alice-token", client=CLIENT) == user
+    await delegation.close()
+
+
+async def test_offline_a_held_list_implies_a_get(
+    reviews: Reviews, review_server: Served, reviewing_upstream: Upstream
+) -> None:
+    now = [0.0]
+    delegation = Delegation(
+        upstream=reviewing_upstream,
+        settings=DelegationSettings(),
+        metrics=Metrics(),
+        clock=lambda: now[0],
+    )
+
+    def attributes(verb: str, namespace: str, name: str = "") -> AccessAttributes:
+        return AccessAttributes(
+            verb=verb, group="", version="v1", resource="configmaps", namespace=namespace, name=name
+        )
+
+    listing, denied = attributes("list", ""), attributes("list", "b")
+    reviews.allowed.add(("system:serviceaccount:a:alice", "list", ""))
+    user = await delegation.authenticate("alice-token", client=CLIENT)
+    await delegation.authorize(user, listing)
+    with pytest.raises(StatusError):
+        await delegation.authorize(user, denied)
+    # While the apiserver answers, it decides a get itself.
+    with pytest.raises(StatusError) as decided:
+        await delegation.authorize(user, attributes("get", "b", "y"), implied_by=[listing])
+    assert decided.value.code == 403
+
+    await review_server.stop()
+    now[0] = 100.0  # past the TTLs, inside the offline window
+    get = attributes("get", "a", "x")
+    await delegation.authorize(user, get, implied_by=[listing])
+    for implying in ([], [denied]):  # nothing held, or held but denied: cannot decide
+        with pytest.raises(StatusError) as unknown:
+            await delegation.authorize(user, get, implied_by=implying)
+        assert unknown.value.code == 503
+    # A get decided within the window is that decision.
+    with pytest.raises(StatusError) as held:
+        await delegation.authorize(user, attributes("get", "b", "y"), implied_by=[listing])
+    assert held.value.code == 403
+    now[0] = 400.0  # the list decision is older than the offline window
+    with pytest.raises(StatusError) as expired:
+        await delegation.authorize(user, get, implied_by=[listing])
+    assert expired.value.code == 503
     await delegation.close()

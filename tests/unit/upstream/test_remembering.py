@@ -1,5 +1,6 @@
 """The review decision cache: TTLs, hashed keys, single flight, errors not kept, the offline
-window — on a fake clock."""
+window, positive decisions kept apart from negative ones, the admission of reviews — on a fake
+clock."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ def decisions(clock: Clock, **overrides: float) -> Decisions[bool]:
         "negative_ttl": 3.0,
         "offline_window": 60.0,
         "max_entries": 100,
+        "max_negative": 100,
     }
     settings.update(overrides)
     return Decisions(
@@ -34,6 +36,7 @@ def decisions(clock: Clock, **overrides: float) -> Decisions[bool]:
         negative_ttl=settings["negative_ttl"],
         offline_window=settings["offline_window"],
         max_entries=int(settings["max_entries"]),
+        max_negative=int(settings["max_negative"]),
         positive=lambda allowed: allowed,
         outage=lambda error: isinstance(error, UpstreamUnavailable),
         clock=clock,
@@ -188,6 +191,84 @@ async def test_entries_are_bounded_and_expired_ones_dropped() -> None:
     clock.now += 61  # past every TTL and the window
     await cache.decide(digest("new"), review)
     assert len(cache) == 1
+
+
+async def test_a_flood_of_negative_decisions_never_evicts_a_positive_one() -> None:
+    clock = Clock()
+    cache = decisions(clock, max_entries=3, max_negative=2)
+    accepted = digest("good-token")
+    assert await cache.decide(accepted, Reviewer(True)) is True
+    junk = Reviewer(False)
+    for n in range(1_000):
+        assert await cache.decide(digest(f"junk-{n}"), junk) is False
+    assert junk.calls == 1_000
+    assert len(cache) == 1 + 2  # the negative ones bounded on their own
+    # An outage right after the flood: the accepted decision still holds.
+    clock.now += 30
+    down = Reviewer(True)
+    down.error = UpstreamUnavailable("apiserver unreachable")
+    assert await cache.decide(accepted, down) is True
+    assert cache.known_positive(accepted) and not cache.known_positive(digest("junk-999"))
+
+
+async def test_negative_decisions_are_bounded_and_the_oldest_go_first() -> None:
+    cache = decisions(Clock(), max_entries=3, max_negative=2)
+    for n in range(4):
+        await cache.decide(digest(f"no-{n}"), Reviewer(False))
+    assert [cache.fresh(digest(f"no-{n}")) is not None for n in range(4)] == [
+        False,
+        False,
+        True,
+        True,
+    ]
+    # Positive ones still fill their own bound.
+    for n in range(3):
+        await cache.decide(digest(f"yes-{n}"), Reviewer(True))
+    assert len(cache) == 5
+
+
+async def test_a_decision_that_changes_sides_moves() -> None:
+    clock = Clock()
+    cache = decisions(clock, max_entries=1, max_negative=1)
+    key = digest("k")
+    await cache.decide(key, Reviewer(True))
+    clock.now += 11  # past the allow TTL: asked again, now refused
+    assert await cache.decide(key, Reviewer(False)) is False
+    assert len(cache) == 1 and not cache.known_positive(key)
+    clock.now += 4
+    assert await cache.decide(key, Reviewer(True)) is True
+    assert len(cache) == 1 and cache.known_positive(key)
+
+
+async def test_admit_is_asked_only_before_a_review_of_the_callers_own() -> None:
+    clock = Clock()
+    cache, review = decisions(clock), Reviewer(True)
+    admitted: list[bytes] = []
+    key = digest("k")
+
+    def admit() -> None:
+        admitted.append(key)
+
+    review.gate = asyncio.Event()
+    first = asyncio.create_task(cache.decide(key, review, admit=admit))
+    await asyncio.sleep(0)
+    joined = asyncio.create_task(cache.decide(key, review, admit=admit))
+    await asyncio.sleep(0.01)
+    review.gate.set()
+    assert await first is True and await joined is True
+    assert len(admitted) == 1  # the flight's starter only
+    assert await cache.decide(key, review, admit=admit) is True
+    assert len(admitted) == 1  # fresh: no review, nothing asked
+
+    def refuse() -> None:
+        raise RuntimeError("over budget")
+
+    clock.now += 11
+    with pytest.raises(RuntimeError, match="over budget"):
+        await cache.decide(key, review, admit=refuse)
+    assert review.calls == 1  # refused before a review was sent
+    assert await cache.decide(key, review, admit=admit) is True  # no flight was left behind
+    assert review.calls == 2
 
 
 async def test_close_cancels_reviews_in_flight() -> None:

@@ -1,4 +1,4 @@
-"""Backoff, Retry-After, circuit breaker and list limiter, with a fake clock."""
+"""Backoff, Retry-After, circuit breaker, list limiter and client rates, with a fake clock."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from proxy.upstream.resilience import (
     CircuitBreaker,
     ListLimiter,
     ListLimiterSettings,
+    RateBuckets,
     choose_delay,
 )
 
@@ -334,3 +335,46 @@ async def _hold(limiter: ListLimiter) -> None:
 def test_list_limiter_rejects_zero() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         ListLimiter(ListLimiterSettings(concurrent_lists=0))
+
+
+# ------------------------------------------------------------------------- client rates
+
+
+def test_a_client_spends_its_burst_then_gets_the_rate() -> None:
+    clock = Clock()
+    buckets = RateBuckets(rate=4.0, burst=5, clock=clock)
+    assert [buckets.take("a") for _ in range(6)] == [True] * 5 + [False]
+    clock.advance(0.125)  # half a token
+    assert buckets.take("a") is False
+    clock.advance(0.125)
+    assert buckets.take("a") is True and buckets.take("a") is False
+    # Refusals cost nothing: 1 s later there are 4 tokens, however often it was refused.
+    clock.advance(1.0)
+    assert sum(buckets.take("a") for _ in range(20)) == 4
+    clock.advance(60.0)
+    assert sum(buckets.take("a") for _ in range(20)) == 5  # never more than the burst
+
+
+def test_clients_have_buckets_of_their_own() -> None:
+    clock = Clock()
+    buckets = RateBuckets(rate=1.0, burst=2, clock=clock)
+    assert [buckets.take("a") for _ in range(3)] == [True, True, False]
+    assert [buckets.take("b") for _ in range(3)] == [True, True, False]
+
+
+def test_full_buckets_are_forgotten_and_clients_bounded() -> None:
+    clock = Clock()
+    buckets = RateBuckets(rate=1.0, burst=2, max_clients=3, clock=clock)
+    for client in ("a", "b", "c", "d", "e"):
+        buckets.take(client)
+    assert len(buckets) == 3  # the least recently seen forgotten beyond the bound
+    clock.advance(1.0)  # every bucket full again
+    buckets.take("f")
+    assert len(buckets) == 1
+
+
+def test_rates_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="positive"):
+        RateBuckets(rate=0.0, burst=1)
+    with pytest.raises(ValueError, match="burst at least 1"):
+        RateBuckets(rate=1.0, burst=0)
