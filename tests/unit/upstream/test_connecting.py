@@ -55,14 +55,14 @@ async def test_targets_and_bodies(upstream: Upstream, fake: FakeApiserver) -> No
         ("/echo/x", [("a", "1")]),
         params={"b": "2"},
         json={"metadata": {"name": "n"}},
-        verb="CREATE",
+        verb="TOKENREVIEW",
     )
     assert answer["path_qs"] == "/echo/x?a=1&b=2"
     assert orjson.loads(answer["body"]) == {"metadata": {"name": "n"}}
     assert fake.seen[-1].headers["content-type"] == "application/json"
     assert (
         upstream.metrics.value(
-            "warmwatch_upstream_requests_total", {"verb": "CREATE", "code": "201"}
+            "warmwatch_upstream_requests_total", {"verb": "TOKENREVIEW", "code": "201"}
         )
         == 1
     )
