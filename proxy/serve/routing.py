@@ -143,7 +143,7 @@ def health_app(*, metrics: Metrics, ready: Callable[[], tuple[bool, str]]) -> we
     """``/metrics``, ``/healthz``, ``/livez``, ``/readyz`` on their own port.
 
     ``/metrics`` is written on a thread, one scrape at a time: at the bounds (500 shapes, every
-    series of 72 resources: 1.2 MB) that takes 80-180 ms of pure Python, which on the event loop
+    series of 72 resources: 1.2 MB) that takes 70-180 ms of pure Python, which on the event loop
     stalled every client for as long; on a thread the loop gets the GIL back every few ms."""
     exposing = asyncio.Lock()
 
