@@ -25,8 +25,9 @@ from aiohttp import web
 from proxy.cache.freshness import RecentWrites
 from proxy.cache.shapes import Encoding, ShapeKey
 from proxy.cache.store import Store, StoreSettings
+from proxy.kube.discovery import lists_resources, named_resources
 from proxy.kube.resources import ResourceFlag
-from proxy.metrics import Metrics
+from proxy.metrics import Metrics, ResourceNames
 from proxy.serve import connections, routing
 from proxy.serve.authenticating import (
     DEFAULT_REJECT_PATHS,
@@ -40,7 +41,12 @@ from proxy.serve.limiting import Admission, Limits
 from proxy.serve.securing import ServingCertificate
 from proxy.upstream.connecting import ConnectionBudget, ConnectionSettings, Upstream, connect
 from proxy.upstream.delegating import Delegation, DelegationSettings
-from proxy.upstream.discovering import DiscoveryCopies, DiscoverySettings, keep_confirmed
+from proxy.upstream.discovering import (
+    DiscoveryCopies,
+    DiscoverySettings,
+    keep_confirmed,
+    parse_discovery_key,
+)
 from proxy.upstream.errors import UpstreamError
 from proxy.upstream.forwarding import PassthroughSettings
 from proxy.upstream.passing import CachedDocument
@@ -136,24 +142,43 @@ def check_listener(settings: Settings) -> None:
 
 
 class StoredDiscovery:
-    """Discovery documents in the cache's SQLite file (passthrough's DiscoveryCache)."""
+    """Discovery documents in the cache's SQLite file (passthrough's DiscoveryCache).
 
-    def __init__(self, store: Store) -> None:
+    Every document stored or read back passes here, so here the resources the apiserver's
+    documents name become values of the ``resource`` metric label (``ResourceNames``)."""
+
+    def __init__(self, store: Store, *, resources: ResourceNames) -> None:
         self.store = store
+        self.resources = resources
+        self._named: dict[str, int] = {}
+        """Path -> hash of the body its names were last taken from (bounded: only paths the
+        apiserver answered with a document naming resources)."""
 
     async def get(self, key: str) -> CachedDocument | None:
         row = await self.store.get_document(key)
         if row is None:
             return None
         status, headers, body, etag = row
-        return CachedDocument(
+        document = CachedDocument(
             status=status,
             headers=tuple(tuple(h) for h in orjson.loads(headers)),
             body=body,
             etag=etag or None,
         )
+        self._name(key, document)
+        return document
+
+    def _name(self, key: str, document: CachedDocument) -> None:
+        path = parse_discovery_key(key)[0].partition("?")[0]
+        if not lists_resources(path) or self._named.get(path) == hash(document.body):
+            return  # (an unchanged document is not parsed again: /apis is ~100s of KiB)
+        named = named_resources(document.body)
+        if named is not None:
+            self._named[path] = hash(document.body)
+            self.resources.discovered(source=path, resources=(str(gvr) for gvr in named))
 
     async def put(self, key: str, doc: CachedDocument) -> None:
+        self._name(key, doc)
         await self.store.put_document(
             key,
             status=doc.status,
@@ -243,7 +268,7 @@ class App:
             )
             for flag in settings.resources
         )
-        discovery = StoredDiscovery(store)
+        discovery = StoredDiscovery(store, resources=self.metrics.resources)
         copies = None
         if settings.client_auth.mode != "delegated":
             # Delegated: discovery goes to the apiserver with each client's own credentials,

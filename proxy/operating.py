@@ -132,6 +132,7 @@ def inspect(connection: sqlite3.Connection, *, path: Path, output: str, out: Tex
             },
             "shapes": [
                 {
+                    "id": c.shape.id,
                     "shape": c.shape.key.identity,
                     "resource": c.shape.key.gvr_label,
                     "namespace": c.shape.key.namespace,
@@ -170,6 +171,7 @@ def inspect(connection: sqlite3.Connection, *, path: Path, output: str, out: Tex
         return EXIT_EQUAL
     rows = [
         [
+            "ID",
             "COLLECTION",
             "RV",
             "OBJECTS",
@@ -185,6 +187,7 @@ def inspect(connection: sqlite3.Connection, *, path: Path, output: str, out: Tex
     for c in contents:
         rows.append(
             [
+                str(c.shape.id),
                 c.shape.key.identity,
                 c.shape.rv or "(filling)",
                 f"{c.objects:,}",

@@ -33,6 +33,14 @@ class Encoding(enum.StrEnum):
     PROTOBUF = "protobuf"
 
 
+LOGGED_SELECTOR_CHARS = 200
+"""Characters of a selector a log line shows: enough to tell real selectors apart."""
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ShapeKey:
     """A shape's identity. Selectors are kept in canonical form, so equal shapes are equal."""
@@ -91,6 +99,15 @@ class ShapeKey:
 
     def __str__(self) -> str:
         return self.identity
+
+    def described(self, *, limit: int = LOGGED_SELECTOR_CHARS) -> dict[str, str]:
+        """The shape's fields for its log line, each selector cut after ``limit`` characters
+        (a selector may be up to the request's header size, 1 MiB)."""
+        fields = {"resource": str(self.gvr), "namespace": self.namespace}
+        fields["labelSelector"] = _cut(self.label_selector, limit)
+        fields["fieldSelector"] = _cut(self.field_selector, limit)
+        fields["encoding"] = str(self.encoding)
+        return fields
 
 
 @dataclass(kw_only=True, eq=False)

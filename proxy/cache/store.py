@@ -136,7 +136,7 @@ class Store:
         await on_thread(writer, writing.checkpoint, mode="TRUNCATE")
         store = cls(settings=settings, writer=writer, metrics=metrics)
         for row in await on_thread(writer, writing.open_shapes):
-            store._remember(row)
+            store._remember(row, how="resumed")
         return store
 
     @staticmethod
@@ -148,9 +148,29 @@ class Store:
             isolation_level="DEFERRED",
         )
 
-    def _remember(self, row: tuple[Any, ...]) -> Shape:
+    def _remember(self, row: tuple[Any, ...], *, how: str) -> Shape:
+        """Hold the shape of a ``shapes`` row, and log what it is, once per process: metrics
+        name a shape by its id alone (``proxy.metrics``), this line says which selectors it
+        has. ``how``: resumed (from the file) or new."""
         shape = Shape.from_row(row, ring_size=self.settings.ring_size)
         self.shapes[shape.key] = shape
+        fields = shape.key.described()
+        selected = "".join(
+            f' {name}="{fields[name]}"'
+            for name in ("labelSelector", "fieldSelector")
+            if fields[name]
+        )
+        logger.info(
+            "shape %d (%s, %s): %s%s%s %s",
+            shape.id,
+            how,
+            "configured" if shape.configured else "learned",
+            fields["resource"],
+            f" namespace={fields['namespace']}" if fields["namespace"] else "",
+            selected,
+            fields["encoding"],
+            extra={"shape": shape.id, "configured": shape.configured, **fields},
+        )
         return shape
 
     async def close(self) -> None:
@@ -225,7 +245,7 @@ class Store:
             new, self._new_shapes = self._new_shapes, {}
             rows = await self._write_locked(writing.insert_shapes, shapes=new)
         for row in rows:
-            self._remember(row)
+            self._remember(row, how="new")
 
     async def drop_shape(self, shape: Shape) -> None:
         await self._write(writing.discard_shape, shape_id=shape.id)

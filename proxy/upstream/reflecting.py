@@ -239,6 +239,8 @@ class Reflector:
         self.path = shape.key.gvr.collection_path(namespace=shape.key.namespace or None)
         self.codec = codec_for(shape.key.encoding)
         self.fill = FillProgress(filled=shape.rv is not None)
+        if shape.configured or shape.rv is not None:  # listed: the resource exists
+            metrics.resources.hold(self.resource)
         self._denied = 0
         """Consecutive 403/404 answers while the shape is filled (see ``revoke_after``)."""
         self._relist = False
@@ -332,7 +334,7 @@ class Reflector:
             await self.store.begin_list(self.shape)
             held = self.metrics.value(
                 "warmwatch_shape_objects",
-                {"resource": self.resource, "shape": self.shape.key.identity},
+                {"resource": self.resource, "shape": str(self.shape.id)},
             )
             self._fill_log = FillLog(resource=self.resource, expected=int(held) if held else None)
             if self.watch_list:
@@ -465,6 +467,7 @@ class Reflector:
             self.shape, rv=rv, kind=kind, api_version=api_version
         )
         self._relist = False
+        self.metrics.resources.hold(self.resource)
         logger.info(
             "%s: listed at RV %s (%d events appended)",
             self.resource,
@@ -472,7 +475,7 @@ class Reflector:
             appended,
             extra={
                 "resource": self.resource,
-                "shape": self.shape.key.identity,
+                "shape": self.shape.id,
                 "resourceVersion": rv,
                 "objects": self._fill_log.objects,
                 "appended": appended,
@@ -624,9 +627,7 @@ class Reflector:
             self._observe_rv(changes[-1].rv)
 
     def _observe_rv(self, rv: str) -> None:
-        self.metrics.set_shape_resource_version(
-            resource=self.resource, shape=self.shape.key.identity, rv=rv
-        )
+        self.metrics.set_shape_resource_version(resource=self.resource, shape=self.shape.id, rv=rv)
 
 
 def _raise_error(status: Mapping[str, Any]) -> None:

@@ -218,7 +218,6 @@ class Syncer:
                 logger.info("not learning %s: %d learned shapes already", key, learned)
                 return None
             shape = await self.store.ensure_shape(key, configured=False)
-            logger.info("learned shape %s", key)
         if key not in self._tasks:
             self._run(shape)
         return shape
@@ -263,7 +262,7 @@ class Syncer:
         if self.store.shapes.get(shape.key) is shape:
             await self.store.drop_shape(shape)
             self.metrics.shapes_dropped.labels(resource=shape.resource, reason=reason).inc()
-        self.metrics.forget_shape(resource=shape.resource, shape=shape.key.identity)
+        self.metrics.forget_shape(resource=shape.resource, shape=shape.id)
 
     # -- maintenance -------------------------------------------------------------------------
 
@@ -285,9 +284,10 @@ class Syncer:
         await self.store.trim()
         counts = await self.store.object_counts()
         for shape in self.store.shapes.values():
-            self.metrics.shape_objects.labels(
-                resource=shape.resource, shape=shape.key.identity
-            ).set(counts.get(shape.id, 0))
+            if shape.rv is not None:  # (a shape not listed yet holds nothing)
+                self.metrics.shape_objects.labels(resource=shape.resource, shape=shape.id).set(
+                    counts.get(shape.id, 0)
+                )
         await self.store.save_usage()
         db, wal = self.store.size()
         self.metrics.db_size.set(db)

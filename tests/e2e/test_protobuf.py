@@ -243,7 +243,17 @@ def without_delete_rvs(seen: Sequence[Change]) -> list[Change]:
 
 
 def learned_shapes(sidecar: Sidecar) -> set[str]:
-    return set(re.findall(r"learned shape (\S+)$", sidecar.log.read_text(), flags=re.MULTILINE))
+    """The shapes the sidecar learned (without selectors), in ``--resource`` form, from the
+    line the store logs for each new one."""
+    found = re.findall(
+        r"shape \d+ \(new, learned\): (\S+)(?: namespace=(\S+))? (json|protobuf)$",
+        sidecar.log.read_text(),
+        flags=re.MULTILINE,
+    )
+    return {
+        f"{gvr}{f'@{namespace}' if namespace else ''}{';protobuf' if encoding == 'protobuf' else ''}"
+        for gvr, namespace, encoding in found
+    }
 
 
 async def run_fidelity(

@@ -114,3 +114,34 @@ async def test_shapes_asked_for_while_the_writer_is_busy_are_inserted_together(
         assert [key for key, shape in reopened.shapes.items() if shape.configured] == keys[:1]
     finally:
         await reopened.close()
+
+
+async def test_each_shape_is_logged_once_with_its_id_and_cut_selectors(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Metrics name a shape by its id alone: one INFO line per shape and process says what
+    the id stands for, with selectors cut to a readable length."""
+    huge = ",".join(f"k{i}=v{i}" for i in range(2000))  # ~20 KiB
+    key = ShapeKey(
+        group="", version="v1", resource="configmaps", namespace="a", label_selector=huge
+    )
+    caplog.set_level("INFO", logger="proxy.cache.store")
+    store = await Store.open(StoreSettings(path=tmp_path / "c.db"))
+    try:
+        shape = await store.ensure_shape(key, configured=False)
+        await store.ensure_shape(key, configured=False)  # the same: not logged again
+    finally:
+        await store.close()
+    store = await Store.open(StoreSettings(path=tmp_path / "c.db"))  # a restart: resumed
+    await store.close()
+    lines = [r for r in caplog.records if r.getMessage().startswith(f"shape {shape.id} ")]
+    assert [line.getMessage().split(":")[0] for line in lines] == [
+        f"shape {shape.id} (new, learned)",
+        f"shape {shape.id} (resumed, learned)",
+    ]
+    for line in lines:
+        message = line.getMessage()
+        assert "v1/configmaps namespace=a labelSelector=" in message
+        assert len(message) < 400 and f"({len(huge):,} characters)" in message
+        assert line.__dict__["shape"] == shape.id
+        assert line.__dict__["labelSelector"].startswith("k0=v0,k1=v1")

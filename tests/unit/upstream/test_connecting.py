@@ -67,7 +67,7 @@ async def test_targets_and_bodies(upstream: Upstream, fake: FakeApiserver) -> No
         ("/echo/x", [("a", "1")]),
         params={"b": "2"},
         json={"metadata": {"name": "n"}},
-        verb="CREATE",
+        verb="TOKENREVIEW",
         purpose="passthrough",
     )
     assert answer["path_qs"] == "/echo/x?a=1&b=2"
@@ -75,7 +75,7 @@ async def test_targets_and_bodies(upstream: Upstream, fake: FakeApiserver) -> No
     assert fake.seen[-1].headers["content-type"] == "application/json"
     assert (
         upstream.metrics.value(
-            "warmwatch_upstream_requests_total", {"verb": "CREATE", "code": "201"}
+            "warmwatch_upstream_requests_total", {"verb": "TOKENREVIEW", "code": "201"}
         )
         == 1
     )

@@ -119,24 +119,24 @@ def test_parse_retry_after(value: str | None, expected: float | None) -> None:
 
 def test_metrics_instances_are_isolated() -> None:
     a, b = Metrics(), Metrics()
-    a.events_out.labels(resource="configmaps").inc(3)
-    assert a.value("warmwatch_events_out_total", {"resource": "configmaps"}) == 3
-    assert b.value("warmwatch_events_out_total", {"resource": "configmaps"}) is None
+    a.events_out.labels(resource="v1/configmaps").inc(3)
+    assert a.value("warmwatch_events_out_total", {"resource": "other"}) == 3
+    assert b.value("warmwatch_events_out_total", {"resource": "other"}) is None
 
 
 def test_every_metric_is_exposed_with_the_prefix() -> None:
     metrics = Metrics()
-    metrics.shape_objects.labels(resource="pods", shape="all").set(10)
-    metrics.set_shape_resource_version(resource="pods", shape="all", rv="123")
-    metrics.events_in.labels(resource="pods", type="ADDED").inc()
-    metrics.events_out.labels(resource="pods").inc()
+    metrics.shape_objects.labels(resource="v1/pods", shape=1).set(10)
+    metrics.set_shape_resource_version(resource="v1/pods", shape=1, rv="123")
+    metrics.events_in.labels(resource="v1/pods", type="ADDED").inc()
+    metrics.events_out.labels(resource="v1/pods").inc()
     metrics.upstream_requests.labels(verb="LIST", code="200").inc()
-    metrics.upstream_relists.labels(resource="pods").inc()
-    metrics.watch_restarts.labels(resource="pods", reason="expired").inc()
-    metrics.watchers.labels(resource="pods").set(2)
-    metrics.list_bytes.labels(resource="pods", source="cache").inc(100)
-    metrics.list_duration.labels(resource="pods", source="upstream").observe(0.5)
-    metrics.event_delivery_lag.labels(resource="pods").observe(0.001)
+    metrics.upstream_relists.labels(resource="v1/pods").inc()
+    metrics.watch_restarts.labels(resource="v1/pods", reason="ended").inc()
+    metrics.watchers.labels(resource="v1/pods").set(2)
+    metrics.list_bytes.labels(resource="v1/pods", source="cache").inc(100)
+    metrics.list_duration.labels(resource="v1/pods", source="upstream-list").observe(0.5)
+    metrics.event_delivery_lag.labels(resource="v1/pods").observe(0.001)
     metrics.commit_duration.observe(0.01)
     metrics.db_size.set(4096)
     metrics.db_wal_size.set(0)
@@ -179,8 +179,9 @@ def test_every_metric_is_exposed_with_the_prefix() -> None:
 )
 def test_shape_resource_version_is_numeric_only_when_well_formed(rv: str, expected: float) -> None:
     metrics = Metrics()
-    metrics.set_shape_resource_version(resource="pods", shape="all", rv=rv)
-    value = metrics.value("warmwatch_shape_resource_version", {"resource": "pods", "shape": "all"})
+    metrics.resources.hold("v1/pods")
+    metrics.set_shape_resource_version(resource="v1/pods", shape=7, rv=rv)
+    value = metrics.value("warmwatch_shape_resource_version", {"resource": "v1/pods", "shape": "7"})
     assert value is not None
     if math.isnan(expected):
         assert math.isnan(value)
@@ -190,15 +191,16 @@ def test_shape_resource_version_is_numeric_only_when_well_formed(rv: str, expect
 
 def test_forget_shape() -> None:
     metrics = Metrics()
-    metrics.shape_objects.labels(resource="pods", shape="ns=a").set(1)
-    metrics.set_shape_resource_version(resource="pods", shape="ns=a", rv="5")
-    metrics.forget_shape(resource="pods", shape="ns=a")
-    metrics.forget_shape(resource="pods", shape="never-seen")
-    assert metrics.value("warmwatch_shape_objects", {"resource": "pods", "shape": "ns=a"}) is None
-    assert (
-        metrics.value("warmwatch_shape_resource_version", {"resource": "pods", "shape": "ns=a"})
-        is None
-    )
+    metrics.resources.hold("v1/pods")
+    metrics.shape_objects.labels(resource="v1/pods", shape=3).set(1)
+    metrics.set_shape_resource_version(resource="v1/pods", shape=3, rv="5")
+    metrics.shape_objects.labels(resource="v1/pods", shape=4).set(2)
+    metrics.forget_shape(resource="v1/pods", shape=3)
+    metrics.forget_shape(resource="v1/pods", shape=99)  # never seen: nothing to do
+    labels = {"resource": "v1/pods", "shape": "3"}
+    assert metrics.value("warmwatch_shape_objects", labels) is None
+    assert metrics.value("warmwatch_shape_resource_version", labels) is None
+    assert metrics.value("warmwatch_shape_objects", {"resource": "v1/pods", "shape": "4"}) == 2
 
 
 def test_metrics_module_is_dependency_free() -> None:

@@ -601,6 +601,7 @@ async def test_the_offline_answer_replaces_the_503(
 async def test_passed_through_lists_are_measured_beside_the_cache_s(
     sidecar_proxy: Proxy, session: aiohttp.ClientSession, metrics: Metrics
 ) -> None:
+    metrics.resources.discovered(source="/api/v1", resources=["v1/configmaps"])
     async with session.get(f"{sidecar_proxy.url}/api/v1/namespaces/default/configmaps") as answer:
         assert answer.status == 200
         size = len(await answer.read())
@@ -613,3 +614,9 @@ async def test_passed_through_lists_are_measured_beside_the_cache_s(
     ) as answer:
         await answer.read()
     assert metrics.value("warmwatch_list_duration_seconds_count", labels) == 1
+    # Resources nobody named (made up by a client): one series, "other", not one each.
+    for i in range(3):
+        async with session.get(f"{sidecar_proxy.url}/apis/x{i}.example/v1/r{i}q") as answer:
+            await answer.read()
+    other = {"resource": "other", "source": "passthrough"}
+    assert metrics.value("warmwatch_list_duration_seconds_count", other) == 3

@@ -246,11 +246,13 @@ def test_breaker_forgets_a_lost_probe() -> None:
 
 def test_breaker_targets_are_separate_series() -> None:
     metrics = Metrics()
-    a = CircuitBreaker(target="a", settings=BreakerSettings(failure_threshold=1), metrics=metrics)
-    CircuitBreaker(target="b", metrics=metrics)
+    a = CircuitBreaker(
+        target="apiserver", settings=BreakerSettings(failure_threshold=1), metrics=metrics
+    )
+    CircuitBreaker(target="elsewhere", metrics=metrics)  # no target of warmwatch's: "other"
     a.record_failure()
-    assert gauge(metrics, "a") == 2
-    assert gauge(metrics, "b") == 0
+    assert gauge(metrics, "apiserver") == 2
+    assert gauge(metrics, "other") == 0
 
 
 # ------------------------------------------------------------------------- list limiter

@@ -281,8 +281,10 @@ async def test_a_refused_learned_shape_is_dropped_and_its_client_told(world: Any
         outcome = error.code
     assert outcome in (False, 403)  # either way the client is passed through
     await eventually(lambda: key("secret") not in store.shapes)
+    # Never listed, and no discovery document seen that names it: counted as "other" (a
+    # made-up resource must not name a series).
     assert metrics.value(
-        "warmwatch_shapes_dropped_total", {"resource": "v1/configmaps", "reason": "refused"}
+        "warmwatch_shapes_dropped_total", {"resource": "other", "reason": "refused"}
     )
     # Not learned again for a while: its requests pass through without an upstream list
     # each (a hostile or mistaken client repeating them).
