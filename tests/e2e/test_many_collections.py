@@ -344,3 +344,36 @@ async def test_passthrough_watches_over_the_limits_are_refused_at_once(
         assert sidecar.metric("warmwatch_rejected_total", {"limit": "client_watches"}) == 5
         assert sidecar.metric("warmwatch_upstream_connections", {"purpose": "passthrough"}) == 10
     probe.check("beside a client at its watch limit")
+
+
+async def test_learned_collections_leave_passthrough_answered_after_a_restart(
+    namespace: str,
+    admin_api: kubeapi.RawClient,
+    start_sidecar: Callable[..., Sidecar],
+) -> None:
+    """``none``: 115 LISTs with distinct label selectors learn 115 collections, which are
+    stored and resumed at the next start, each with its upstream watch. Passthrough is
+    answered within a second before and after the restart (in one shared pool of 100
+    connections, every passthrough hung, again after each restart)."""
+    await kubeapi.create_configmaps(admin_api, namespace=namespace, count=3)
+    sidecar = start_sidecar()
+    collection = f"{sidecar.url}/api/v1/namespaces/{namespace}/configmaps"
+    async with _unpooled() as session:
+
+        async def listed(i: int) -> int:
+            async with session.get(collection, params={"labelSelector": f"l{i}=x"}) as answer:
+                await answer.read()
+                return answer.status
+
+        assert set(await asyncio.gather(*(listed(i) for i in range(115)))) == {200}
+    assert sidecar.metric("warmwatch_upstream_connections", {"purpose": "reflector"}) >= 115
+    assert sidecar.stop() == 0
+    sidecar.restart(wait_ready=True)
+    probe = Probe(f"{collection}/cm-000000")
+    async with probe.running():
+        deadline = time.monotonic() + 30
+        while sidecar.metric("warmwatch_upstream_connections", {"purpose": "reflector"}) < 115:
+            assert time.monotonic() < deadline, "the stored collections did not resume"
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(1)  # a few more probes with every watch open
+    probe.check("after a restart with 115 stored collections")
