@@ -18,7 +18,7 @@ length-delimited (2) and 32-bit (5). Malformed input raises :class:`ProtobufErro
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 PREFIX = b"k8s\x00"
@@ -415,14 +415,48 @@ def bookmark_object(*, resource_version: str, annotations: dict[str, str]) -> by
     return delimited(1, meta)
 
 
-def status(*, status: str, message: str, reason: str, code: int) -> bytes:
-    """A ``Status`` message (for ERROR events): ListMeta 1, status 2, message 3, reason 4,
-    code 6."""
+def status(
+    *,
+    status: str,
+    message: str,
+    reason: str,
+    code: int,
+    continue_token: str = "",
+    details: bytes | None = None,
+) -> bytes:
+    """A ``Status`` message: ListMeta 1 (selfLink, resourceVersion, continue), status 2,
+    message 3, reason 4, details 5 (only when given: a pointer in Go), code 6."""
     return (
-        delimited(1, b"\x0a\x00\x12\x00\x1a\x00")
+        delimited(1, b"\x0a\x00\x12\x00" + _string(3, continue_token))
         + _string(2, status)
         + _string(3, message)
         + _string(4, reason)
+        + (delimited(5, details) if details is not None else b"")
         + varint(6 << 3)
         + varint(code)
+    )
+
+
+def status_details(
+    *,
+    name: str,
+    group: str,
+    kind: str,
+    causes: Iterable[tuple[str, str, str]],
+    retry_after_seconds: int,
+    uid: str,
+) -> bytes:
+    """A ``StatusDetails`` message: name 1, group 2, kind 3, causes 4 (each a ``StatusCause``:
+    type 1, message 2, field 3), retryAfterSeconds 5, uid 6."""
+    return (
+        _string(1, name)
+        + _string(2, group)
+        + _string(3, kind)
+        + b"".join(
+            delimited(4, _string(1, kind_) + _string(2, message) + _string(3, field))
+            for kind_, message, field in causes
+        )
+        + varint(5 << 3)
+        + varint(retry_after_seconds)
+        + _string(6, uid)
     )

@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.kube import protobuf
 from proxy.kube.field_errors import FieldError, aggregate_message
 from proxy.kube.gocompat import go_json_bytes, go_quote
 from proxy.kube.payloads import ListMeta, StatusCause, StatusDetails, StatusPayload
@@ -211,6 +212,30 @@ class StatusError(Exception):
     def to_json(self) -> bytes:
         """The Status as JSON, escaped like Go (``<>&``), without a trailing newline."""
         return go_json_bytes(self.to_payload())
+
+    def to_protobuf(self) -> bytes:
+        """The Status as the apiserver's protobuf serializer writes it: the ``k8s\\0`` prefix
+        and a ``runtime.Unknown`` envelope around the message (an error body, or the object
+        of a protobuf watch's ERROR event)."""
+        details = self.details
+        message = protobuf.status(
+            status="Failure",
+            message=self.message,
+            reason=self.reason,
+            code=self.code,
+            continue_token=self.continue_token or "",
+            details=None
+            if details is None
+            else protobuf.status_details(
+                name=details.name,
+                group=details.group,
+                kind=details.kind,
+                causes=((c.reason, c.message, c.field) for c in details.causes),
+                retry_after_seconds=details.retry_after_seconds,
+                uid=details.uid,
+            ),
+        )
+        return protobuf.envelope(api_version="v1", kind="Status", raw=message)
 
     def to_http_body(self) -> bytes:
         """The HTTP error body byte for byte: compact JSON plus ``\\n``."""

@@ -77,3 +77,20 @@ def negotiate(accept: str | None, *, single: bool, protobuf_ok: bool) -> Negotia
         if as_kind == metadata_as and media_type in ("application/json", protobuf.MEDIA_TYPE):
             return Negotiated(representation=Representation.METADATA, encoding=encoding)
     return PASS_THROUGH
+
+
+def status_encoding(accept: str | None, *, protobuf_ok: bool) -> Encoding:
+    """The encoding of a Status the apiserver writes for ``accept`` (its ``ErrorNegotiated``):
+    the first media range it serves as it is — a transformation (``as=Table``,
+    ``as=PartialObjectMetadataList``) is not offered for errors — protobuf for a resource
+    that has that form, else JSON; JSON when nothing fits."""
+    for media_range in (accept or "").split(","):
+        media_type, *rest = media_range.split(";")
+        media_type = media_type.strip().lower()
+        if "as" in _parameters(rest):
+            continue
+        if media_type == protobuf.MEDIA_TYPE and protobuf_ok:
+            return Encoding.PROTOBUF
+        if media_type in _JSON_TYPES:
+            return Encoding.JSON
+    return Encoding.JSON

@@ -178,12 +178,7 @@ class Renderer:
         """An ERROR event carrying the Status."""
         if self.encoding is Encoding.JSON:
             return watch_frame("ERROR", error.to_json())
-        message = protobuf.status(
-            status="Failure", message=error.message, reason=error.reason, code=error.code
-        )
-        return protobuf.watch_frame(
-            "ERROR", protobuf.envelope(api_version="v1", kind="Status", raw=message)
-        )
+        return protobuf.watch_frame("ERROR", error.to_protobuf())
 
     def list_item_size(self, *, length: int, head: bytes) -> int:
         """The bytes a stored object of ``length`` (whose raw starts with ``head``) takes as

@@ -16,16 +16,19 @@ import yarl
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from proxy.cache.shapes import Encoding
 from proxy.kube.gocompat import origin_form, valid_escapes
 from proxy.kube.resources import RequestPath
 from proxy.kube.status import StatusError
 from proxy.metrics import Metrics
 from proxy.serve import authenticating, connections, health, limiting
 from proxy.serve.context import Context
+from proxy.serve.negotiating import status_encoding
 from proxy.serve.offline import offline_get
 from proxy.serve.reading import pass_through, read_collection
 from proxy.serve.streaming import cut
 from proxy.upstream.errors import UpstreamBusy
+from proxy.upstream.forwarding import STATUS
 from proxy.upstream.passing import status_response
 
 logger = logging.getLogger(__name__)
@@ -78,12 +81,36 @@ async def apiserver_headers(request: web.Request, response: web.StreamResponse) 
 
 @web.middleware
 async def statuses(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Turn failures into Status answers (or ERROR events once a watch has started).
+    """Turn failures into Status answers (or ERROR events once a watch has started), and
+    write every Status warmwatch answers itself in the encoding the client negotiated, as
+    the apiserver does (protobuf for ``Accept: application/vnd.kubernetes.protobuf, ...``).
 
     A client's own fault is no failure of ours: a request over a limit gets the apiserver's
     429; a client that left or stopped reading (``connections.client_fault``) is counted and
     its connection cut — never a traceback, never a 500 written into a closed or half-sent
     stream."""
+    response = await _answer(request, handler)
+    error = response.get(STATUS)
+    if error is None or response.prepared or _status_encoding(request) is Encoding.JSON:
+        return response
+    return status_response(error, encoding=Encoding.PROTOBUF)
+
+
+def _status_encoding(request: web.Request) -> Encoding:
+    """The encoding the apiserver writes a Status in for this request: its negotiated one
+    (``negotiating.status_encoding``); protobuf only for a resource that has that form."""
+    path = RequestPath.parse(request.path)
+    if path is None:
+        return Encoding.JSON
+    ctx = request.app.get(CONTEXT)
+    protobuf_ok = path.gvr.may_have_protobuf and (
+        ctx is None or path.gvr not in ctx.syncer.without_protobuf
+    )
+    accept = ", ".join(request.headers.getall("Accept", []))
+    return status_encoding(accept, protobuf_ok=protobuf_ok)
+
+
+async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
     metrics = request.app.get(METRICS)
     try:
         return await handler(request)

@@ -44,6 +44,8 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict, MultiMapping
 
+from proxy.cache.shapes import Encoding
+from proxy.kube import protobuf
 from proxy.kube.options import parse_bool
 from proxy.kube.status import StatusError
 from proxy.upstream.connecting import Credentials, Purpose, Upstream
@@ -157,16 +159,26 @@ def _connection_tokens(values: Iterable[str]) -> frozenset[str]:
     )
 
 
-def status_response(error: StatusError) -> web.Response:
-    """The Status answer as the apiserver writes it: compact JSON and a newline, with
-    ``Retry-After`` from ``details.retryAfterSeconds``. The one way warmwatch answers an error."""
-    response = web.Response(
-        status=error.code,
-        body=error.to_http_body(),
-        content_type="application/json",
-    )
+STATUS: Final = "warmwatch.status"
+"""The StatusError an answer of :func:`status_response` carries: the serving layer writes it
+again in the encoding the client negotiated (``serve/routing.statuses``)."""
+
+
+def status_response(error: StatusError, *, encoding: Encoding = Encoding.JSON) -> web.Response:
+    """The Status answer as the apiserver writes it: compact JSON and a newline (or its
+    protobuf form), with ``Retry-After`` from ``details.retryAfterSeconds``. The one way
+    warmwatch answers an error."""
+    if encoding is Encoding.PROTOBUF:
+        response = web.Response(
+            status=error.code, body=error.to_protobuf(), content_type=protobuf.MEDIA_TYPE
+        )
+    else:
+        response = web.Response(
+            status=error.code, body=error.to_http_body(), content_type="application/json"
+        )
     if error.retry_after is not None:
         response.headers["Retry-After"] = str(error.retry_after)
+    response[STATUS] = error
     return response
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from proxy.cache.shapes import Encoding
-from proxy.serve.negotiating import Negotiated, Representation, negotiate
+from proxy.serve.negotiating import Negotiated, Representation, negotiate, status_encoding
 
 PB = "application/vnd.kubernetes.protobuf"
 FULL_JSON = Negotiated(representation=Representation.FULL, encoding=Encoding.JSON)
@@ -42,3 +42,28 @@ def test_negotiate(
     accept: str | None, single: bool, protobuf_ok: bool, expected: Negotiated
 ) -> None:
     assert negotiate(accept, single=single, protobuf_ok=protobuf_ok) == expected
+
+
+@pytest.mark.parametrize(
+    ("accept", "protobuf_ok", "expected"),
+    [
+        ("application/vnd.kubernetes.protobuf, application/json", True, Encoding.PROTOBUF),
+        ("application/vnd.kubernetes.protobuf, application/json", False, Encoding.JSON),
+        ("application/json, application/vnd.kubernetes.protobuf", True, Encoding.JSON),
+        # a transformation is never offered for errors: the next range
+        (
+            "application/vnd.kubernetes.protobuf;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,"
+            "application/vnd.kubernetes.protobuf",
+            True,
+            Encoding.PROTOBUF,
+        ),
+        ("application/json;as=Table;v=v1;g=meta.k8s.io, application/json", True, Encoding.JSON),
+        ("application/vnd.kubernetes.protobuf;stream=watch", True, Encoding.PROTOBUF),
+        ("application/yaml", True, Encoding.JSON),
+        (None, True, Encoding.JSON),
+    ],
+)
+def test_a_status_is_written_in_the_encoding_the_apiserver_negotiates_for_errors(
+    accept: str | None, protobuf_ok: bool, expected: Encoding
+) -> None:
+    assert status_encoding(accept, protobuf_ok=protobuf_ok) is expected
