@@ -23,11 +23,19 @@ import logging
 from aiohttp import web
 
 from proxy.cache.filtering import Filter
-from proxy.cache.shapes import Encoding, Request
+from proxy.cache.shapes import Encoding, Request, Shape
 from proxy.kube.gocompat import parse_query
-from proxy.kube.options import ListOptions, ListSemanticsKind, list_semantics, watch_start
+from proxy.kube.options import (
+    ListOptions,
+    ListSemanticsKind,
+    WatchStart,
+    WatchStartKind,
+    list_semantics,
+    watch_start,
+)
 from proxy.kube.resources import RequestPath
 from proxy.kube.status import StatusError
+from proxy.kube.versions import compare
 from proxy.serve import authorizing, freshness, limiting
 from proxy.serve.authorizing import Grant
 from proxy.serve.context import Context
@@ -92,12 +100,18 @@ async def read_collection(
     )
     namespaced = True if path.namespace else None
     shape = ctx.syncer.find(wanted, namespaced=namespaced)
-    if shape is None and not ctx.learn and negotiated.encoding is Encoding.PROTOBUF:
-        # Not learning: a JSON shape serves a client that also accepts JSON.
+    if negotiated.encoding is Encoding.PROTOBUF and not _serves(shape, start):
+        # The client's first choice is not warm (a first start; the apiserver slow or down)
+        # or not learned: a warm JSON collection serves a client that accepts JSON too, and
+        # the protobuf one fills behind it for the client's later requests.
         as_json = negotiate(accept, single=options.is_watch, protobuf_ok=False)
         if as_json.representation is not Representation.PASS_THROUGH:
-            negotiated, wanted = as_json, dataclasses.replace(wanted, encoding=Encoding.JSON)
-            shape = ctx.syncer.find(wanted, namespaced=namespaced)
+            json_wanted = dataclasses.replace(wanted, encoding=Encoding.JSON)
+            other = ctx.syncer.find(json_wanted, namespaced=namespaced)
+            if _serves(other, start) or (shape is None and not ctx.learn and other is not None):
+                if shape is None and ctx.learn:
+                    await ctx.syncer.learn(wanted.exact_key)  # filled behind, not waited for
+                negotiated, wanted, shape = as_json, json_wanted, other
     if shape is None or shape.rv is None:
         if shape is None and not ctx.learn:
             return await pass_through(request, ctx)
@@ -159,6 +173,19 @@ async def read_collection(
         # from the next bookmark (about a minute), while the apiserver asks etcd for it: the
         # apiserver answers (at once, or with this same 504 if the RV is really ahead).
         return await pass_through(request, ctx)
+
+
+def _serves(shape: Shape | None, start: WatchStart | None) -> bool:
+    """``shape`` is filled and, for a watch from a resourceVersion, its log reaches back to it
+    (a collection filled later than the client's RV would answer 410 Expired)."""
+    if shape is None or shape.rv is None:
+        return False
+    if start is None or start.kind is not WatchStartKind.FROM_RESOURCE_VERSION:
+        return True
+    assert start.resource_version is not None
+    since = shape.log_start_rv
+    order = compare(since, start.resource_version) if since is not None else None
+    return order is None or order <= 0
 
 
 def _servable(accept: str | None, protobuf_ok: bool) -> bool:

@@ -501,6 +501,75 @@ async def test_protobuf_informer_restarts_warm_without_relisting(
     assert learned_shapes(sidecar) == set()  # configured shapes served everything
 
 
+async def test_protobuf_informers_start_offline_from_json_collections(
+    plane: ControlPlane,
+    namespace: str,
+    kubectl: Kubectl,
+    admin_api: kubeapi.RawClient,
+    create_many: CreateMany,
+    start_sidecar: Callable[..., Sidecar],
+    start_goclient: Callable[..., GoClient],
+) -> None:
+    """warmwatch configured with JSON collections only (the simplest configuration), warm,
+    then the apiserver stops: a typed protobuf informer and a metadata informer (which ask for
+    protobuf first and accept JSON) start from the JSON collections instead of a 503, and
+    once the apiserver is back they receive what changed meanwhile."""
+    await populate(admin_api, namespace, create_many, pods=False)
+    resources = resources_in(namespace, "configmaps", "deployments")
+    sidecar = start_sidecar(resources=resources)  # JSON
+    expected = expected_keys(kubectl, namespace, resources)
+    # The same clients ran before, reading another namespace: warmwatch kept the discovery
+    # documents they asked for (and protobuf collections of that namespace, which serve none
+    # of this one's).
+    elsewhere = f"{namespace}-before"
+    await kubeapi.ensure_namespace(admin_api, elsewhere)
+    for mode in ("typed", "metadata"):
+        earlier = start_goclient(
+            kubeconfig=sidecar.kubeconfig,
+            resources=resources_in(elsewhere, "configmaps", "deployments"),
+            mode=mode,
+            protobuf=True,
+        )
+        earlier.wait_synced(len(resources))
+        earlier.stop()
+    assert not {f"{r};protobuf" for r in resources} & learned_shapes(sidecar)
+    plane.stop_apiserver()
+    try:
+        informers = [
+            start_goclient(
+                kubeconfig=sidecar.kubeconfig,
+                resources=resources,
+                mode=mode,
+                protobuf=True,
+                object_digest=True,
+            )
+            for mode in ("typed", "metadata")
+        ]
+        for informer in informers:
+            counts = {x["resource"]: x["count"] for x in informer.wait_synced(len(resources))}
+            assert counts == {resources[0]: CONFIGMAPS, resources[1]: DEPLOYMENTS}
+            for resource in resources:
+                assert keys_of_digest(informer.digest()[resource]) == expected[resource]
+        assert not plane.status().get("kube-apiserver")  # really offline
+    finally:
+        plane.start_apiserver()
+    changes = await churn(admin_api, namespace, resources, pods=False)
+    assert changes
+    expected = expected_keys(kubectl, namespace, resources)
+    for mode, informer in zip(("typed", "metadata"), informers, strict=True):
+        direct = start_goclient(
+            kubeconfig=plane.admin_kubeconfig,
+            resources=resources,
+            mode=mode,
+            protobuf=True,
+            object_digest=True,
+        )
+        direct.wait_synced(len(resources))
+        await converge(direct, [informer], expected, timeout=90)
+    # The protobuf collections of this namespace were learned offline and filled behind.
+    assert {f"{r};protobuf" for r in resources} <= learned_shapes(sidecar)
+
+
 # --------------------------------------------------------------- (e) served in protobuf, cached
 
 
