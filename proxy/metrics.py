@@ -181,14 +181,18 @@ class Metrics:
         )
         self.shape_limit: Final = Counter(
             f"{PREFIX}shape_limit",
-            "Requests passed through because --max-shapes learned shapes exist already.",
+            "Requests passed through instead of learning a shape, by reason: shapes "
+            "(--max-shapes learned shapes exist already), key_bytes (the request's selectors "
+            "are longer than a learned shape's key may be; not served from the cache at all).",
+            ("reason",),
             registry=r,
         )
         self.shapes_dropped: Final = Counter(
             f"{PREFIX}shapes_dropped",
             "Shapes dropped with their data, by reason: unused (a learned shape nobody asked "
             "for), refused (its first list was refused upstream), revoked (a filled shape "
-            "became unreadable upstream: RBAC changed, CRD deleted).",
+            "became unreadable upstream: RBAC changed, CRD deleted), oversized (learned by an "
+            "earlier build from selectors longer than a shape's key may be).",
             ("resource", "reason"),
             registry=r,
         )

@@ -76,6 +76,11 @@ class ShapeKey:
         return str(self.gvr)
 
     @property
+    def selector_bytes(self) -> int:
+        """The length of its selectors (UTF-8), what ``SyncSettings.max_key_bytes`` bounds."""
+        return len(self.label_selector.encode()) + len(self.field_selector.encode())
+
+    @property
     def identity(self) -> str:
         """Stable text form, the ``shapes.key`` column."""
         text = str(self.gvr)
