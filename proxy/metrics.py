@@ -139,6 +139,20 @@ class Metrics:
             ("resource", "shape"),
             registry=r,
         )
+        self.shape_log_bytes: Final = Gauge(
+            f"{PREFIX}shape_log_bytes",
+            "Bytes of the shape's event log in the database (objects, new and old, and labels), "
+            "bounded by --retention-bytes.",
+            ("resource", "shape"),
+            registry=r,
+        )
+        self.events_trimmed: Final = Counter(
+            f"{PREFIX}events_trimmed",
+            "Event-log entries dropped by retention, by the bound that cut deepest: count "
+            "(--retention-events), age (--retention-seconds), bytes (--retention-bytes).",
+            ("resource", "reason"),
+            registry=r,
+        )
         self.events_in: Final = Counter(
             f"{PREFIX}events_in",
             "Watch events received from the apiserver and committed, by event type.",
@@ -321,7 +335,7 @@ class Metrics:
 
     def forget_shape(self, *, resource: str, shape: str) -> None:
         """Drop the per-shape series of a shape that is no longer cached."""
-        for gauge in (self.shape_objects, self.shape_rv):
+        for gauge in (self.shape_objects, self.shape_rv, self.shape_log_bytes):
             gauge.remove(resource, shape)  # a no-op for series never recorded
 
     def exposition(self) -> bytes:

@@ -112,6 +112,8 @@ class Shape:
     log_start_rv: str | None
     used_at: float
     log: ShapeLog
+    log_bytes: int = 0
+    """Bytes its log holds in the database (``shapes.log_bytes``), as of the last commit."""
     unpublished: bool = False
     """An abandoned relist left log entries past the published ones: they are deleted
     (``writing.drop_unpublished``) before the shape's next append."""
@@ -135,6 +137,7 @@ class Shape:
             log_start_rv,
             last_seq,
             used_at,
+            log_bytes,
             unpublished,
         ) = row
         key = ShapeKey(
@@ -156,6 +159,7 @@ class Shape:
             log_start_rv=log_start_rv,
             used_at=used_at,
             log=ShapeLog(last_seq=last_seq, ring_size=ring_size),
+            log_bytes=log_bytes,
             unpublished=bool(unpublished),
         )
 

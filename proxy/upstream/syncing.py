@@ -271,6 +271,8 @@ class Syncer:
         return True
 
     async def drop(self, shape: Shape) -> None:
+        if self.store.shapes.get(shape.key) is not shape:
+            return  # dropped meanwhile (refused, revoked): its key's task may be a new shape's
         task = self._tasks.pop(shape.key, None)
         if task is not None:
             task.cancel()
@@ -309,6 +311,9 @@ class Syncer:
             self.metrics.shape_objects.labels(
                 resource=shape.resource, shape=shape.key.identity
             ).set(counts.get(shape.id, 0))
+            self.metrics.shape_log_bytes.labels(
+                resource=shape.resource, shape=shape.key.identity
+            ).set(shape.log_bytes)
         await self.store.save_usage()
         db, wal = self.store.size()
         self.metrics.db_size.set(db)

@@ -408,6 +408,37 @@ async def test_learning_stops_at_the_shape_limit(world: Any) -> None:
     assert len(store.shapes) == 3  # two learned, one configured
 
 
+async def test_maintenance_reports_each_logs_bytes(world: Any) -> None:
+    apiserver, _, metrics, make = world
+    syncer = await make()
+    shape = await syncer.learn(key("a"))
+    assert shape is not None and await syncer.wait_filled(shape)
+    apiserver.push("a", {"type": "MODIFIED", "object": cm("a", "o0", 101)})
+    await eventually(lambda: shape.rv == "101", timeout=5)
+    await syncer.maintain_once()
+    labels = {"resource": "v1/configmaps", "shape": shape.key.identity}
+    assert metrics.value("warmwatch_shape_log_bytes", labels) == shape.log_bytes > 0
+
+
+async def test_dropping_a_shape_dropped_meanwhile_leaves_its_successor_alone(
+    world: Any,
+) -> None:
+    """Found by review: maintenance goes through a copy of the shapes; one dropped meanwhile
+    (revoked) and learned again had its successor's reflector cancelled when maintenance
+    dropped the old one as unused, and the new shape was served without a watch."""
+    _, store, _, make = world
+    syncer = await make()
+    old = await syncer.learn(key("a"))
+    assert old is not None
+    await store.drop_shape(old)  # as its supervisor does when access is revoked
+    new = await syncer.learn(key("a"))
+    assert new is not None and new is not old
+    running = syncer._tasks[key("a")]
+    await syncer.drop(old)  # the maintenance pass, with its copy
+    assert syncer._tasks.get(key("a")) is running and not running.done()
+    assert store.shapes[key("a")] is new
+
+
 def selecting(namespace: str, *, label_bytes: int, field_bytes: int) -> ShapeKey:
     return dataclasses.replace(
         key(namespace), label_selector="l" * label_bytes, field_selector="f" * field_bytes
