@@ -15,6 +15,7 @@ import contextlib
 import logging
 import os
 import sqlite3
+import stat
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
@@ -58,6 +59,10 @@ BYTES_HEADROOM = 8
 bound itself: a collection at its bound would otherwise be trimmed after every commit, one
 more transaction each; this way once per eighth of the bound appended (32 MiB at the
 default)."""
+
+PRIVATE_MODE = 0o600
+"""The database, its WAL and its shared-memory file: they hold every cached object, Secrets
+included, so only warmwatch's own user may read them."""
 
 CHECKPOINT_INTERVAL = 1.0
 """Seconds between WAL checkpoints while commits arrive: a second of a busy collection's
@@ -128,6 +133,7 @@ class Store:
         does not open, and one that the background integrity check of an earlier run found
         broken (:meth:`check_integrity` leaves a marker file)."""
         settings.path.parent.mkdir(parents=True, exist_ok=True)
+        keep_private(settings.path)
         marker = _corrupt_marker(settings.path)
         try:
             if marker.exists():
@@ -151,6 +157,7 @@ class Store:
                 if source.exists():
                     source.rename(f"{aside}{suffix}")
             marker.unlink(missing_ok=True)
+            keep_private(settings.path)
             writer = await cls._connect(settings)
             await on_thread(writer, schema.migrate)
         await on_thread(writer, writing.checkpoint, mode="TRUNCATE")
@@ -498,6 +505,38 @@ class Store:
 class StorageError(Exception):
     """A write failed (disk full, I/O error). Nothing of it was committed: the transaction
     rolled back, so the cache is still the consistent state of the last commit."""
+
+
+def keep_private(path: Path) -> None:
+    """Make the database at ``path`` and its WAL and shared-memory files :data:`PRIVATE_MODE`.
+
+    A new database is created empty with that mode whatever the umask (SQLite reads an empty
+    file as an empty database, and creates the WAL and shared-memory files with the
+    database file's mode). An existing file that others could open (created under the umask
+    by an earlier build: 0644 under the usual 022) is tightened, with a warning: what it
+    held was exposed until now."""
+    try:
+        created = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, PRIVATE_MODE)
+    except FileExistsError:
+        pass
+    else:
+        try:
+            os.fchmod(created, PRIVATE_MODE)  # the umask took bits off at creation
+        finally:
+            os.close(created)
+    for suffix in ("", "-wal", "-shm"):
+        file = Path(f"{path}{suffix}")
+        try:
+            mode = stat.S_IMODE(file.stat().st_mode)
+            if mode & 0o077:  # group or others
+                file.chmod(PRIVATE_MODE)
+                logger.warning(
+                    "%s had mode %04o (others could open it); now %04o", file, mode, PRIVATE_MODE
+                )
+        except FileNotFoundError:
+            continue
+        except OSError as error:  # not its owner, a read-only file system
+            logger.warning("cannot make %s private: %s", file, error)
 
 
 def _corrupt_marker(path: Path) -> Path:
