@@ -164,6 +164,15 @@ def parser() -> argparse.ArgumentParser:
         default=float(_env("retention-seconds", "86400") or 86400),
         help="event log entries older than this are dropped",
     )
+    retention_bytes = StoreSettings(path=Settings().db).retention_bytes
+    _number(
+        p,
+        "--retention-bytes",
+        kind=int,
+        default=retention_bytes,
+        help="bytes of event-log entries (objects, new and old) kept per collection; the "
+        f"oldest go first (default {retention_bytes}: {retention_bytes >> 20} MiB)",
+    )
     p.add_argument(
         "--bookmark-interval", type=float, default=float(_env("bookmark-interval", "60") or 60)
     )
@@ -305,6 +314,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
             synchronous=args.sync_mode,
             retention_events=args.retention_events,
             retention_seconds=args.retention_seconds,
+            retention_bytes=args.retention_bytes,
         ),
         sync=SyncSettings(learn=args.learn, max_shapes=args.max_shapes),
         reflector=ReflectorSettings(idle_timeout=args.upstream_idle_timeout),

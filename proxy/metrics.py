@@ -295,6 +295,22 @@ class Metrics:
             {"resource": resource, "shape": shape_label},
             registry=r,
         )
+        self.shape_log_bytes: Final = _bounded(
+            Gauge,
+            f"{PREFIX}shape_log_bytes",
+            "Bytes of the shape's event log in the database (objects, new and old, and labels), "
+            "bounded by --retention-bytes.",
+            {"resource": resource, "shape": shape_label},
+            registry=r,
+        )
+        self.events_trimmed: Final = _bounded(
+            Counter,
+            f"{PREFIX}events_trimmed",
+            "Event-log entries dropped by retention, by the bound that cut deepest: count "
+            "(--retention-events), age (--retention-seconds), bytes (--retention-bytes).",
+            {"resource": resource, "reason": frozenset({"count", "age", "bytes"})},
+            registry=r,
+        )
         self.events_in: Final = _bounded(
             Counter,
             f"{PREFIX}events_in",
@@ -356,9 +372,13 @@ class Metrics:
             {"resource": resource, "reason": frozenset({"failed", "refused", "revoked"})},
             registry=r,
         )
-        self.shape_limit: Final = Counter(
+        self.shape_limit: Final = _bounded(
+            Counter,
             f"{PREFIX}shape_limit",
-            "Requests passed through because --max-shapes learned shapes exist already.",
+            "Requests passed through instead of learning a shape, by reason: shapes "
+            "(--max-shapes learned shapes exist already), key_bytes (the request's selectors "
+            "are longer than a learned shape's key may be; not served from the cache at all).",
+            {"reason": frozenset({"shapes", "key_bytes"})},
             registry=r,
         )
         self.shapes_dropped: Final = _bounded(
@@ -366,8 +386,12 @@ class Metrics:
             f"{PREFIX}shapes_dropped",
             "Shapes dropped with their data, by reason: unused (a learned shape nobody asked "
             "for), refused (its first list was refused upstream), revoked (a filled shape "
-            "became unreadable upstream: RBAC changed, CRD deleted).",
-            {"resource": resource, "reason": frozenset({"unused", "refused", "revoked"})},
+            "became unreadable upstream: RBAC changed, CRD deleted), oversized (learned by an "
+            "earlier build from selectors longer than a shape's key may be).",
+            {
+                "resource": resource,
+                "reason": frozenset({"unused", "refused", "revoked", "oversized"}),
+            },
             registry=r,
         )
         self.circuit_breaker_state: Final = _bounded(
@@ -508,7 +532,7 @@ class Metrics:
 
     def forget_shape(self, *, resource: str, shape: int) -> None:
         """Drop the per-shape series of a shape (by its row id) that is no longer cached."""
-        for gauge in (self.shape_objects, self.shape_rv):
+        for gauge in (self.shape_objects, self.shape_rv, self.shape_log_bytes):
             gauge.remove(resource=resource, shape=shape)
 
     def exposition(self) -> bytes:

@@ -333,9 +333,3 @@ def get_document(
 def document_keys(connection: sqlite3.Connection) -> list[str]:
     """The keys of every stored discovery document."""
     return [str(row[0]) for row in connection.execute("SELECT key FROM discovery")]
-
-
-def log_start(connection: sqlite3.Connection, *, shape_id: int) -> str | None:
-    """The RV the shape's retained log starts at (None before its first list)."""
-    row = connection.execute("SELECT log_start_rv FROM shapes WHERE id = ?", (shape_id,)).fetchone()
-    return row[0] if row else None

@@ -3,7 +3,9 @@
 One database file holds every shape. Tables:
 
 - ``shapes``: one row per upstream collection watch: identity, the RV reached, the RV the event
-  log starts at (a client can resume from any RV >= it), what kind of objects it holds.
+  log starts at (a client can resume from any RV >= it), what kind of objects it holds, and
+  how many bytes its log holds (``log_bytes``: :data:`EVENT_BYTES` of each of its rows, kept
+  in the transactions that append or delete them, so retention by bytes never sums a log).
 - ``objects``: the state of each shape, keyed (generation, namespace, name); ``raw`` is the
   object exactly as it is served: JSON (``kind`` and ``apiVersion`` included) for a ``json``
   shape, the object's own protobuf message (no envelope) for a ``protobuf`` shape. A shape's
@@ -27,10 +29,18 @@ from __future__ import annotations
 import sqlite3
 from typing import Final
 
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 """2: ``shapes.encoding`` (1 had JSON shapes only). 3: generations of objects
 (``shapes.gen``, ``shapes.next_gen``, ``objects.gen``, ``staging.gen``, ``garbage``).
-Both migrated in place, without rewriting rows."""
+4: ``shapes.log_bytes``. Each migrated in place, without rewriting rows."""
+
+EVENT_BYTES: Final = (
+    "coalesce(length(raw), 0) + coalesce(length(prev_raw), 0) "
+    "+ coalesce(length(labels), 0) + coalesce(length(prev_labels), 0)"
+)
+"""What a log entry counts against retention by bytes (``writing.event_bytes`` in Python):
+its objects and labels, new and old. ``length`` of a BLOB reads the row's header, not the
+overflow pages of a large object."""
 
 PAGE_SIZE: Final = 16384
 """Rows are ~2-5 KB: 16 KiB pages keep several per page and overflow chains rare."""
@@ -77,7 +87,8 @@ CREATE TABLE IF NOT EXISTS shapes (
     used_at       REAL NOT NULL,
     listed_at     REAL,
     gen           INTEGER,                  -- the generation of objects readers see
-    next_gen      INTEGER                   -- the generation a relist in progress builds
+    next_gen      INTEGER,                  -- the generation a relist in progress builds
+    log_bytes     INTEGER NOT NULL DEFAULT 0 -- EVENT_BYTES of all its events rows
 );
 
 CREATE TABLE IF NOT EXISTS objects (
@@ -189,6 +200,9 @@ def migrate(connection: sqlite3.Connection) -> None:
         if row is not None and row[0] == "2":
             _migrate_2_to_3(connection)
             row = ("3",)
+        if row is not None and row[0] == "3":
+            _migrate_3_to_4(connection)
+            row = ("4",)
         if row is None or row[0] != str(SCHEMA_VERSION):
             found = row[0] if row else "none"
             raise SchemaError(f"schema version {found}; this build reads {SCHEMA_VERSION}")
@@ -212,6 +226,18 @@ def _migrate_2_to_3(connection: sqlite3.Connection) -> None:
         connection.execute("DELETE FROM staging")
         connection.execute("ALTER TABLE staging RENAME COLUMN shape_id TO gen")
         connection.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
+
+
+def _migrate_3_to_4(connection: sqlite3.Connection) -> None:
+    """Each shape's ``log_bytes``, summed once. It reads the logs' row headers (a large
+    object's overflow pages are not read), once, at the first start of this version."""
+    with connection:
+        connection.execute("ALTER TABLE shapes ADD COLUMN log_bytes INTEGER NOT NULL DEFAULT 0")
+        connection.execute(
+            f"UPDATE shapes SET log_bytes = (SELECT coalesce(sum({EVENT_BYTES}), 0) "
+            "FROM events WHERE events.shape_id = shapes.id)"
+        )
+        connection.execute("UPDATE meta SET value = '4' WHERE key = 'schema_version'")
 
 
 def check_version(connection: sqlite3.Connection) -> None:

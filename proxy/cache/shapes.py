@@ -84,6 +84,11 @@ class ShapeKey:
         return str(self.gvr)
 
     @property
+    def selector_bytes(self) -> int:
+        """The length of its selectors (UTF-8), what ``SyncSettings.max_key_bytes`` bounds."""
+        return len(self.label_selector.encode()) + len(self.field_selector.encode())
+
+    @property
     def identity(self) -> str:
         """Stable text form, the ``shapes.key`` column."""
         text = str(self.gvr)
@@ -124,6 +129,8 @@ class Shape:
     log_start_rv: str | None
     used_at: float
     log: ShapeLog
+    log_bytes: int = 0
+    """Bytes its log holds in the database (``shapes.log_bytes``), as of the last commit."""
     unpublished: bool = False
     """An abandoned relist left log entries past the published ones: they are deleted
     (``writing.drop_unpublished``) before the shape's next append."""
@@ -147,6 +154,7 @@ class Shape:
             log_start_rv,
             last_seq,
             used_at,
+            log_bytes,
             unpublished,
         ) = row
         key = ShapeKey(
@@ -168,6 +176,7 @@ class Shape:
             log_start_rv=log_start_rv,
             used_at=used_at,
             log=ShapeLog(last_seq=last_seq, ring_size=ring_size),
+            log_bytes=log_bytes,
             unpublished=bool(unpublished),
         )
 

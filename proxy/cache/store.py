@@ -15,6 +15,7 @@ import contextlib
 import logging
 import os
 import sqlite3
+import stat
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
@@ -53,6 +54,16 @@ class InlineCommit:
 
 INLINE_COMMIT = InlineCommit()
 
+BYTES_HEADROOM = 8
+"""A log over ``retention_bytes`` is cut to ``1 - 1/BYTES_HEADROOM`` of it (7/8), not to the
+bound itself: a collection at its bound would otherwise be trimmed after every commit, one
+more transaction each; this way once per eighth of the bound appended (32 MiB at the
+default)."""
+
+PRIVATE_MODE = 0o600
+"""The database, its WAL and its shared-memory file: they hold every cached object, Secrets
+included, so only warmwatch's own user may read them."""
+
 CHECKPOINT_INTERVAL = 1.0
 """Seconds between WAL checkpoints while commits arrive: a second of a busy collection's
 commits is a few MB of WAL, copied in milliseconds, and readers search a short WAL quickly."""
@@ -68,10 +79,24 @@ class StoreSettings:
     collection so a controller can resume a watch instead of relisting."""
     retention_seconds: float = 24 * 3600.0
     """Log entries older than this are dropped (the log starts after the newest dropped)."""
+    retention_bytes: int = 256 * 1024 * 1024
+    """Bytes of log entries (their objects, new and old, and labels: ``schema.EVENT_BYTES``)
+    kept per shape. The count alone bounds nothing for large objects: 200,000 entries of up
+    to 1.5 MiB (etcd's limit) each; 150 updates of one 878 KiB ConfigMap grew the database by
+    141 MiB. 256 MiB leaves the count in charge for typical objects (200,000 entries of
+    1.3 KiB), and keeps ~60,000 changes of 4 KiB Pods (10 minutes at 100 a second, twice
+    etcd's window) or ~300 of that ConfigMap. Enforced as soon as a commit takes a log past
+    it, so the database grows by no more than this per shape (and one commit). No total
+    across shapes: one collection's churn would take another's history; a quiet
+    collection's log stays small, and ``--max-shapes`` bounds how many there are."""
     readers: int = 4
     """Concurrent snapshot readers (LIST streams, initial watch state, log catch-up)."""
     ring_size: int = RING_SIZE
     """Newest log entries per shape kept in memory for watchers."""
+
+    def __post_init__(self) -> None:
+        if not self.retention_bytes > 0:
+            raise ValueError("--retention-bytes must be positive")
 
 
 class Store:
@@ -108,6 +133,7 @@ class Store:
         does not open, and one that the background integrity check of an earlier run found
         broken (:meth:`check_integrity` leaves a marker file)."""
         settings.path.parent.mkdir(parents=True, exist_ok=True)
+        keep_private(settings.path)
         marker = _corrupt_marker(settings.path)
         try:
             if marker.exists():
@@ -131,6 +157,7 @@ class Store:
                 if source.exists():
                     source.rename(f"{aside}{suffix}")
             marker.unlink(missing_ok=True)
+            keep_private(settings.path)
             writer = await cls._connect(settings)
             await on_thread(writer, schema.migrate)
         await on_thread(writer, writing.checkpoint, mode="TRUNCATE")
@@ -248,8 +275,10 @@ class Store:
             self._remember(row, how="new")
 
     async def drop_shape(self, shape: Shape) -> None:
-        await self._write(writing.discard_shape, shape_id=shape.id)
-        self.shapes.pop(shape.key, None)
+        with contextlib.suppress(writing.ShapeGone):  # dropped meanwhile by another path
+            await self._write(writing.discard_shape, shape_id=shape.id)
+        if self.shapes.get(shape.key) is shape:
+            del self.shapes[shape.key]
         shape.log.close()
 
     async def touch(self, shape: Shape) -> None:
@@ -272,6 +301,7 @@ class Store:
         )
         shape.rv = committed.rv
         shape.log.publish(last_seq=committed.last_seq, records=committed.records)
+        await self._bound_log(shape, log_bytes=committed.log_bytes)
 
     async def stage(self, shape: Shape, objects: Sequence[Change]) -> None:
         await self._write(writing.stage, shape_id=shape.id, objects=objects)
@@ -316,6 +346,7 @@ class Store:
         if shape.log_start_rv is None:
             shape.log_start_rv = rv
         shape.log.publish(last_seq=committed.last_seq, records=committed.records)
+        await self._bound_log(shape, log_bytes=committed.log_bytes)
         await self.collect_garbage()
         memory.give_back()  # the list's batches passed through the heap
         return committed.count - 1  # the list-RV bookmark is a position, not an event
@@ -326,18 +357,52 @@ class Store:
             pass
 
     async def trim(self) -> int:
-        """Apply log retention to every shape, then truncate the WAL."""
+        """Apply log retention to every shape (a shape dropped while the pass goes on is
+        passed over), collect garbage; returns how many entries were dropped."""
         dropped = 0
         for shape in list(self.shapes.values()):
-            dropped += await self._write(
-                writing.trim,
-                shape_id=shape.id,
-                max_events=self.settings.retention_events,
-                max_age=self.settings.retention_seconds,
-            )
-            shape.log_start_rv = await self._write(reading.log_start, shape_id=shape.id)
+            dropped += await self._trim_shape(shape)
         await self.collect_garbage()  # what an abandoned list or a dropped shape left
         memory.give_back()
+        return dropped
+
+    async def _bound_log(self, shape: Shape, *, log_bytes: int) -> None:
+        """After a commit: a log it took past ``retention_bytes`` is trimmed now, not at the
+        next maintenance pass, by when a collection of large objects could have written
+        gigabytes."""
+        shape.log_bytes = log_bytes
+        if log_bytes > self.settings.retention_bytes:
+            await self._trim_shape(shape)
+
+    async def _trim_shape(self, shape: Shape) -> int:
+        """``writing.trim`` of one shape, a slice per transaction (other shapes commit in
+        between); a log over ``retention_bytes`` is cut to 7/8 of it (:data:`BYTES_HEADROOM`).
+        Returns how many entries were dropped; stops when the shape was dropped meanwhile
+        (its row, or its place in the registry, is gone)."""
+        bound = self.settings.retention_bytes
+        max_bytes = bound - bound // BYTES_HEADROOM if shape.log_bytes > bound else bound
+        dropped = 0
+        while self.shapes.get(shape.key) is shape:
+            try:
+                trimmed = await self._write(
+                    writing.trim,
+                    shape_id=shape.id,
+                    max_events=self.settings.retention_events,
+                    max_age=self.settings.retention_seconds,
+                    max_bytes=max_bytes,
+                )
+            except writing.ShapeGone:
+                break
+            shape.log_start_rv = trimmed.log_start_rv
+            shape.log_bytes = trimmed.log_bytes
+            dropped += trimmed.dropped
+            if trimmed.reason is not None and self.metrics is not None:
+                trims = self.metrics.events_trimmed.labels(
+                    resource=shape.resource, reason=trimmed.reason
+                )
+                trims.inc(trimmed.dropped)
+            if not trimmed.more:
+                break
         return dropped
 
     async def keep_checkpointed(self, *, interval: float = CHECKPOINT_INTERVAL) -> None:
@@ -462,6 +527,38 @@ class Store:
 class StorageError(Exception):
     """A write failed (disk full, I/O error). Nothing of it was committed: the transaction
     rolled back, so the cache is still the consistent state of the last commit."""
+
+
+def keep_private(path: Path) -> None:
+    """Make the database at ``path`` and its WAL and shared-memory files :data:`PRIVATE_MODE`.
+
+    A new database is created empty with that mode whatever the umask (SQLite reads an empty
+    file as an empty database, and creates the WAL and shared-memory files with the
+    database file's mode). An existing file that others could open (created under the umask
+    by an earlier build: 0644 under the usual 022) is tightened, with a warning: what it
+    held was exposed until now."""
+    try:
+        created = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, PRIVATE_MODE)
+    except FileExistsError:
+        pass
+    else:
+        try:
+            os.fchmod(created, PRIVATE_MODE)  # the umask took bits off at creation
+        finally:
+            os.close(created)
+    for suffix in ("", "-wal", "-shm"):
+        file = Path(f"{path}{suffix}")
+        try:
+            mode = stat.S_IMODE(file.stat().st_mode)
+            if mode & 0o077:  # group or others
+                file.chmod(PRIVATE_MODE)
+                logger.warning(
+                    "%s had mode %04o (others could open it); now %04o", file, mode, PRIVATE_MODE
+                )
+        except FileNotFoundError:
+            continue
+        except OSError as error:  # not its owner, a read-only file system
+            logger.warning("cannot make %s private: %s", file, error)
 
 
 def _corrupt_marker(path: Path) -> Path:

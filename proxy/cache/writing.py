@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.cache import reading
+from proxy.cache import reading, schema
 from proxy.cache.records import Change, ChangeType, EventRecord, rv_order, with_resource_version
 from proxy.cache.shapes import ShapeKey
 
@@ -43,6 +43,11 @@ CHUNK = 2000
 """Rows moved per executemany call: large enough to amortise, small enough to bound memory."""
 
 
+class ShapeGone(KeyError):
+    """The shape's row is gone: it was dropped (unused, refused, revoked) after the caller
+    took it, e.g. while a maintenance pass went through the shapes."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Committed:
     """What one transaction appended: the new RV and last seq, and the tail of its records
@@ -52,13 +57,45 @@ class Committed:
     last_seq: int
     count: int
     records: tuple[EventRecord, ...]
+    log_bytes: int
+    """The shape's ``log_bytes`` after the transaction."""
 
 
 def _last_seq(connection: sqlite3.Connection, shape_id: int) -> int:
     row = connection.execute("SELECT last_seq FROM shapes WHERE id = ?", (shape_id,)).fetchone()
     if row is None:
-        raise KeyError(f"shape {shape_id} does not exist")
+        raise ShapeGone(f"shape {shape_id} does not exist")
     return int(row[0])
+
+
+def event_bytes(record: EventRecord) -> int:
+    """``schema.EVENT_BYTES`` of a record: what it counts against retention by bytes."""
+    return (
+        len(record.raw or b"")
+        + len(record.prev_raw or b"")
+        + len(record.labels or b"")
+        + len(record.prev_labels or b"")
+    )
+
+
+def _add_log_bytes(connection: sqlite3.Connection, shape_id: int, added: int) -> int:
+    """``shapes.log_bytes`` plus ``added`` (negative: entries deleted); the new value."""
+    row = connection.execute(
+        "UPDATE shapes SET log_bytes = log_bytes + ? WHERE id = ? RETURNING log_bytes",
+        (added, shape_id),
+    ).fetchone()
+    if row is None:
+        raise ShapeGone(f"shape {shape_id} does not exist")
+    return int(row[0])
+
+
+def _append(
+    connection: sqlite3.Connection, shape_id: int, records: Sequence[EventRecord], *, now: float
+) -> int:
+    """Insert log entries committed at ``now`` (inside the caller's transaction) and count
+    their bytes into ``shapes.log_bytes``; the new value."""
+    connection.executemany(_INSERT_EVENT, (_event_row(shape_id, r, now) for r in records))
+    return _add_log_bytes(connection, shape_id, sum(event_bytes(r) for r in records))
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +110,7 @@ def _gens(connection: sqlite3.Connection, shape_id: int) -> _Gens:
         "SELECT gen, next_gen, rv FROM shapes WHERE id = ?", (shape_id,)
     ).fetchone()
     if row is None:
-        raise KeyError(f"shape {shape_id} does not exist")
+        raise ShapeGone(f"shape {shape_id} does not exist")
     return _Gens(gen=int(row[0]), next_gen=row[1], filled=row[2] is not None)
 
 
@@ -180,13 +217,19 @@ def apply_changes(
                     connection.executemany(_UPSERT_OBJECT, upserts)
                     upserts.clear()
         connection.executemany(_UPSERT_OBJECT, upserts)
-        connection.executemany(_INSERT_EVENT, (_event_row(shape_id, r, now) for r in records))
+        log_bytes = _append(connection, shape_id, records, now=now)
         rv = changes[-1].rv if changes else ""
         if changes:
             connection.execute(
                 "UPDATE shapes SET rv = ?, last_seq = ? WHERE id = ?", (rv, seq, shape_id)
             )
-    return Committed(rv=rv, last_seq=seq, count=len(records), records=tuple(records[-tail:]))
+    return Committed(
+        rv=rv,
+        last_seq=seq,
+        count=len(records),
+        records=tuple(records[-tail:]),
+        log_bytes=log_bytes,
+    )
 
 
 def _bookmark(seq: int, rv: str, *, at: float, batch: bool = False) -> EventRecord:
@@ -264,12 +307,14 @@ def drop_unpublished(connection: sqlite3.Connection, *, shape_id: int, limit: in
     append (a watch commit, a list), every one must be gone: a commit would reuse their seqs,
     and a relist, which appends past them, would publish them."""
     with connection:
-        deleted = connection.execute(
+        sizes = connection.execute(
             "DELETE FROM events WHERE shape_id = ? AND seq IN (SELECT seq FROM events "
-            "WHERE shape_id = ? AND seq > (SELECT last_seq FROM shapes WHERE id = ?) LIMIT ?)",
+            "WHERE shape_id = ? AND seq > (SELECT last_seq FROM shapes WHERE id = ?) LIMIT ?) "
+            f"RETURNING {schema.EVENT_BYTES}",
             (shape_id, shape_id, shape_id, limit),
-        ).rowcount
-    return int(deleted) == limit
+        ).fetchall()
+        _add_log_bytes(connection, shape_id, -sum(size for (size,) in sizes))
+    return len(sizes) == limit
 
 
 def _discard(connection: sqlite3.Connection, gen: int, table: str) -> None:
@@ -380,13 +425,13 @@ def finish_fill(
             raise RuntimeError(f"shape {shape_id} is filled already; a relist is a Relist")
         seq = _last_seq(connection, shape_id) + 1
         bookmark = _bookmark(seq, rv, at=now)
-        connection.execute(_INSERT_EVENT, _event_row(shape_id, bookmark, now))
+        log_bytes = _append(connection, shape_id, (bookmark,), now=now)
         connection.execute(
             "UPDATE shapes SET rv = ?, last_seq = ?, kind = ?, api_version = ?, listed_at = ?, "
             "log_start_rv = COALESCE(log_start_rv, ?) WHERE id = ?",
             (rv, seq, kind, api_version, now, rv, shape_id),
         )
-    return Committed(rv=rv, last_seq=seq, count=1, records=(bookmark,))
+    return Committed(rv=rv, last_seq=seq, count=1, records=(bookmark,), log_bytes=log_bytes)
 
 
 @dataclass(kw_only=True)
@@ -465,7 +510,7 @@ class Relist:
                 )
             )
             upserts.append((next_gen, namespace, name, uid, obj_rv, labels, raw))
-        connection.executemany(_INSERT_EVENT, (_event_row(self.shape_id, r, now) for r in records))
+        _append(connection, self.shape_id, records, now=now)
         connection.executemany(_UPSERT_OBJECT, upserts)
         if rows:
             last = rows[-1]
@@ -505,7 +550,7 @@ class Relist:
                     at=now,
                 )
             )
-        connection.executemany(_INSERT_EVENT, (_event_row(self.shape_id, r, now) for r in records))
+        _append(connection, self.shape_id, records, now=now)
         # The unchanged rows of this page, copied inside SQLite (their bodies never leave it).
         # CROSS JOIN keeps the page's key range on the outer loop: left to choose, SQLite
         # drove the copy from staging bounded by the namespace alone, and in one namespace
@@ -527,9 +572,8 @@ class Relist:
         now = time.time()
         published = _last_seq(connection, self.shape_id)
         seq = _max_seq(connection, self.shape_id) + 1
-        connection.execute(
-            _INSERT_EVENT,
-            _event_row(self.shape_id, _bookmark(seq, self.rv, at=now, batch=True), now),
+        log_bytes = _append(
+            connection, self.shape_id, (_bookmark(seq, self.rv, at=now, batch=True),), now=now
         )
         connection.execute(
             "UPDATE shapes SET gen = ?, next_gen = NULL, rv = ?, last_seq = ?, kind = ?, "
@@ -542,53 +586,157 @@ class Relist:
         records = reading.events_after(
             connection, shape_id=self.shape_id, after=after, limit=seq - after, last_seq=seq
         )
-        return Committed(rv=self.rv, last_seq=seq, count=seq - published, records=tuple(records))
+        return Committed(
+            rv=self.rv,
+            last_seq=seq,
+            count=seq - published,
+            records=tuple(records),
+            log_bytes=log_bytes,
+        )
 
 
-def trim(connection: sqlite3.Connection, *, shape_id: int, max_events: int, max_age: float) -> int:
-    """Drop log entries beyond the retention limits; returns how many were dropped.
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Trimmed:
+    """What one :func:`trim` transaction left of a shape's log."""
 
-    The log then starts at the RV of the newest dropped entry. A cut never splits a relist
-    batch (its records share one RV, and a client at that RV is sent all of them again).
+    dropped: int
+    reason: str | None
+    """The bound that cut deepest: ``count``, ``age`` or ``bytes`` (None: nothing dropped)."""
+    log_start_rv: str | None
+    log_bytes: int
+    more: bool = False
+    """The cut stopped at its ``limit`` of rows: call again for the rest."""
+
+
+def trim(
+    connection: sqlite3.Connection,
+    *,
+    shape_id: int,
+    max_events: int,
+    max_age: float,
+    max_bytes: int,
+    limit: int = CHUNK,
+) -> Trimmed:
+    """Drop the oldest log entries until at most ``max_events`` are left, none older than
+    ``max_age`` seconds, and they hold at most ``max_bytes`` (``shapes.log_bytes``) — at
+    most ``limit`` rows in this transaction (:attr:`Trimmed.more`: call again), so the
+    writer is held no longer than for a relist step, however much is due.
+
+    The log then starts at the RV of the newest dropped entry: a client resuming from an
+    older RV gets 410 and relists (from the cache). A cut never splits a relist batch (its
+    records share one RV, and a client at that RV is sent all of them again): a slice ends
+    before one, and a batch that starts the log goes whole. It never reaches past
+    ``last_seq`` (a relist in progress appends there, unpublished).
     """
     with connection:
-        last_seq = _last_seq(connection, shape_id)
-        cutoff = last_seq - max_events
-        # The newest aged entry, found by the time index in one step (commit times grow with
-        # seq; a wall clock stepping back makes age retention approximate, never unsafe).
-        aged = connection.execute(
-            "SELECT seq FROM events WHERE shape_id = ? AND at < ? ORDER BY at DESC LIMIT 1",
-            (shape_id, time.time() - max_age),
-        ).fetchone()
-        if aged is not None:
-            cutoff = max(cutoff, int(aged[0]))
-        if cutoff <= 0:
-            return 0
         row = connection.execute(
+            "SELECT last_seq, log_bytes, log_start_rv, (SELECT min(seq) FROM events "
+            "WHERE shape_id = shapes.id) FROM shapes WHERE id = ?",
+            (shape_id,),
+        ).fetchone()
+        if row is None:
+            raise ShapeGone(f"shape {shape_id} does not exist")
+        last_seq, log_bytes, log_start_rv, first = int(row[0]), int(row[1]), row[2], row[3]
+        kept = Trimmed(dropped=0, reason=None, log_start_rv=log_start_rv, log_bytes=log_bytes)
+        if first is None:
+            return kept
+        cutoffs = {
+            "count": last_seq - max_events,
+            "age": _aged(connection, shape_id, max_age=max_age),
+            "bytes": _over_bytes(
+                connection,
+                shape_id,
+                seqs=(first, min(last_seq, first + limit - 1)),
+                excess=log_bytes - max_bytes,
+            ),
+        }
+        reason, cutoff = max(cutoffs.items(), key=lambda item: item[1])
+        if min(cutoff, last_seq) < first:
+            return kept
+        more = min(cutoff, last_seq) >= first + limit
+        cutoff, start_rv = _cut(
+            connection,
+            shape_id,
+            first=first,
+            cutoff=min(cutoff, last_seq, first + limit - 1),
+            sliced=more,
+        )
+        sizes = connection.execute(
+            f"DELETE FROM events WHERE shape_id = ? AND seq <= ? RETURNING {schema.EVENT_BYTES}",
+            (shape_id, cutoff),
+        ).fetchall()
+        connection.execute("UPDATE shapes SET log_start_rv = ? WHERE id = ?", (start_rv, shape_id))
+        log_bytes = _add_log_bytes(connection, shape_id, -sum(size for (size,) in sizes))
+    return Trimmed(
+        dropped=len(sizes), reason=reason, log_start_rv=start_rv, log_bytes=log_bytes, more=more
+    )
+
+
+def _cut(
+    connection: sqlite3.Connection, shape_id: int, *, first: int, cutoff: int, sliced: bool
+) -> tuple[int, str]:
+    """Where a cut at ``cutoff`` (``first`` <= it) really ends, and the RV the log then
+    starts at. A relist batch is never split: the cut takes all of a batch it reaches into,
+    except that a slice (``sliced``: the row limit, not a bound, put ``cutoff`` there) ends
+    before it unless the batch starts the log."""
+    while True:
+        rv, batch = connection.execute(
             "SELECT rv, batch FROM events WHERE shape_id = ? AND seq <= ? "
             "ORDER BY seq DESC LIMIT 1",
             (shape_id, cutoff),
         ).fetchone()
-        if row is None:
-            return 0
-        start_rv, batch = row
-        if batch:
-            cutoff = connection.execute(
-                "SELECT max(seq) FROM events WHERE shape_id = ? AND rv = ? AND batch = 1",
-                (shape_id, start_rv),
-            ).fetchone()[0]
-        dropped = connection.execute(
-            "DELETE FROM events WHERE shape_id = ? AND seq <= ?", (shape_id, cutoff)
-        ).rowcount
-        connection.execute("UPDATE shapes SET log_start_rv = ? WHERE id = ?", (start_rv, shape_id))
-    return int(dropped)
+        if not batch:
+            return cutoff, str(rv)
+        low, high = connection.execute(
+            "SELECT min(seq), max(seq) FROM events WHERE shape_id = ? AND rv = ? AND batch = 1",
+            (shape_id, rv),
+        ).fetchone()
+        if high == cutoff or not sliced or low <= first:
+            return int(high), str(rv)
+        cutoff = int(low) - 1
+
+
+def _aged(connection: sqlite3.Connection, shape_id: int, *, max_age: float) -> int:
+    """The newest entry older than ``max_age`` (0: none), found by the time index in one step
+    (commit times grow with seq; a wall clock stepping back makes age retention
+    approximate, never unsafe)."""
+    row = connection.execute(
+        "SELECT seq FROM events WHERE shape_id = ? AND at < ? ORDER BY at DESC LIMIT 1",
+        (shape_id, time.time() - max_age),
+    ).fetchone()
+    return 0 if row is None else int(row[0])
+
+
+def _over_bytes(
+    connection: sqlite3.Connection, shape_id: int, *, seqs: tuple[int, int], excess: int
+) -> int:
+    """The newest entry that must go for the oldest ones to free ``excess`` bytes (0: none),
+    looked for among ``seqs`` (first, last) only: past ``last``, ``last + 1`` says the cut
+    goes on beyond this slice. Reads the sizes of those entries (their row headers: the
+    bodies of large objects are not read)."""
+    if excess <= 0:
+        return 0
+    first, last = seqs
+    cursor = connection.execute(
+        f"SELECT seq, {schema.EVENT_BYTES} FROM events WHERE shape_id = ? AND seq BETWEEN ? AND ? "
+        "ORDER BY seq",
+        (shape_id, first, last),
+    )
+    try:
+        for seq, size in cursor:
+            excess -= size
+            if excess <= 0:
+                return int(seq)
+    finally:
+        cursor.close()
+    return last + 1
 
 
 # -- the shape registry and discovery documents ---------------------------------------------
 
 SHAPE_COLUMNS = (
     "id, grp, version, resource, namespace, label_selector, field_selector, encoding, "
-    "configured, kind, api_version, rv, log_start_rv, last_seq, used_at, "
+    "configured, kind, api_version, rv, log_start_rv, last_seq, used_at, log_bytes, "
     "EXISTS (SELECT 1 FROM events WHERE events.shape_id = shapes.id "
     "AND events.seq > shapes.last_seq)"
 )

@@ -89,6 +89,13 @@ def first_values(query: QueryInput) -> dict[str, str]:
     return out
 
 
+def selector_bytes(query: QueryInput) -> int:
+    """The length (UTF-8) of a collection query's label and field selectors together, as the
+    apiserver decodes them, before anything parses them."""
+    values = first_values(query)
+    return sum(len(values.get(name, "").encode()) for name in ("labelSelector", "fieldSelector"))
+
+
 def parse_bool(value: str) -> bool:
     """``runtime.Convert_Slice_string_To_bool``: false only for ``0`` and ``false`` in any
     case (Go's ``EqualFold``); everything else, the empty string included, is true."""

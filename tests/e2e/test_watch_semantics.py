@@ -156,7 +156,10 @@ def trim_log(db: Path, *, keep: int) -> None:
         (shape_id,) = connection.execute(
             "SELECT id FROM shapes WHERE key = 'v1/configmaps'"
         ).fetchone()
-        assert writing.trim(connection, shape_id=shape_id, max_events=keep, max_age=1e9) > 0
+        trimmed = writing.trim(
+            connection, shape_id=shape_id, max_events=keep, max_age=1e9, max_bytes=1 << 40
+        )
+        assert trimmed.dropped > 0
 
 
 async def expired(endpoint_watch: Callable[[], WatchStream], rv: str) -> str:

@@ -47,6 +47,18 @@ def test_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert settings.store_settings().readers == 7
 
 
+def test_retention_bytes_from_the_flag_or_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert settings_from(parser().parse_args([])).store_settings().retention_bytes == 256 << 20
+    monkeypatch.setenv("WARMWATCH_RETENTION_BYTES", "1048576")
+    assert settings_from(parser().parse_args([])).store_settings().retention_bytes == 1 << 20
+    flag = parser().parse_args(["--retention-bytes=4096"])
+    assert settings_from(flag).store_settings().retention_bytes == 4096
+    with pytest.raises(ValueError, match="--retention-bytes must be positive"):
+        settings_from(parser().parse_args(["--retention-bytes=0"]))
+
+
 def test_a_limit_must_be_positive() -> None:
     with pytest.raises(ValueError, match="--max-watches must be positive"):
         settings_from(parser().parse_args(["--max-watches=0"]))

@@ -87,7 +87,7 @@ def test_events_after_and_a_trimmed_tail(history: sqlite3.Connection) -> None:
     records = reading.events_after(history, shape_id=1, after=5, limit=2, last_seq=8)
     assert [(r.seq, r.type.value) for r in records] == [(6, "BOOKMARK"), (7, "ADDED")]
     assert reading.events_after(history, shape_id=1, after=8, limit=5, last_seq=8) == []
-    writing.trim(history, shape_id=1, max_events=1, max_age=3600)
+    writing.trim(history, shape_id=1, max_events=1, max_age=3600, max_bytes=1 << 30)
     with pytest.raises(LogTrimmed):  # entries 3.. are gone: not "nothing new"
         reading.events_after(history, shape_id=1, after=2, limit=5, last_seq=8)
 

@@ -59,14 +59,6 @@ def test_configured_and_usage_are_saved(empty: sqlite3.Connection) -> None:
     assert (shape.configured, shape.used_at) == (True, 1234.5)
 
 
-def test_the_log_start_is_read_from_the_shape_row(empty: sqlite3.Connection) -> None:
-    shape_id = writing.insert_shapes(empty, shapes={PODS: True})[0][0]
-    assert reading.log_start(empty, shape_id=shape_id) is None
-    writing.finish_fill(empty, shape_id=shape_id, rv="7", kind="Pod", api_version="v1")
-    assert reading.log_start(empty, shape_id=shape_id) == "7"
-    assert reading.log_start(empty, shape_id=shape_id + 1) is None
-
-
 def test_a_discovery_document_is_replaced_whole(empty: sqlite3.Connection) -> None:
     writing.put_document(empty, key="/api", status=200, headers=b"[]", body=b"{}", etag="")
     writing.put_document(empty, key="/api", status=200, headers=b"[1]", body=b"{1}", etag="e")

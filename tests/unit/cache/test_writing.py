@@ -222,8 +222,8 @@ def test_relist_appends_the_difference(db: sqlite3.Connection) -> None:
 def test_trim_keeps_the_newest_and_moves_the_log_start(db: sqlite3.Connection) -> None:
     fill(db, [], "10")
     writing.apply_changes(db, shape_id=1, changes=[cm(f"o{i}", 11 + i) for i in range(10)])
-    dropped = writing.trim(db, shape_id=1, max_events=4, max_age=3600)
-    assert dropped == 7
+    trimmed = writing.trim(db, shape_id=1, max_events=4, max_age=3600, max_bytes=1 << 30)
+    assert (trimmed.dropped, trimmed.reason, trimmed.log_start_rv) == (7, "count", "16")
     assert shape(db)[2] == "16"  # the log holds every change after RV 16
     assert [e[2] for e in events(db)] == ["17", "18", "19", "20"]
 
@@ -232,7 +232,7 @@ def test_trim_never_splits_a_relist_batch(db: sqlite3.Connection) -> None:
     fill(db, [cm("a", 1), cm("b", 2), cm("c", 3)], "10")
     fill(db, [], "50")  # three DELETED at 50 plus the bookmark at 50
     writing.apply_changes(db, shape_id=1, changes=[cm("d", 51)])
-    writing.trim(db, shape_id=1, max_events=3, max_age=3600)
+    writing.trim(db, shape_id=1, max_events=3, max_age=3600, max_bytes=1 << 30)
     assert [e[1:3] for e in events(db)] == [("ADDED", "51")]
     assert shape(db)[2] == "50"
 
@@ -300,8 +300,15 @@ def test_a_protobuf_relist_stamps_deletes_in_protobuf(db: sqlite3.Connection) ->
     assert (meta.name, meta.resource_version) == ("gone", "20")
 
 
+def version_3(connection: sqlite3.Connection) -> None:
+    """Turn a new database back into schema version 3 (no ``log_bytes``)."""
+    connection.execute("ALTER TABLE shapes DROP COLUMN log_bytes")
+    connection.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
+
+
 def version_2(connection: sqlite3.Connection) -> None:
     """Turn a new database back into schema version 2 (no generations)."""
+    version_3(connection)
     connection.execute("ALTER TABLE shapes DROP COLUMN gen")
     connection.execute("ALTER TABLE shapes DROP COLUMN next_gen")
     connection.execute("ALTER TABLE objects RENAME COLUMN gen TO shape_id")
@@ -324,7 +331,7 @@ def test_a_version_1_database_is_migrated_in_place() -> None:
     connection.commit()
     schema.migrate(connection)
     assert connection.execute("SELECT encoding, gen FROM shapes").fetchall() == [("json", 1)]
-    assert connection.execute("SELECT value FROM meta").fetchone() == ("3",)
+    assert connection.execute("SELECT value FROM meta").fetchone() == ("4",)
 
 
 def test_a_version_2_database_keeps_its_objects_as_their_first_generation() -> None:
@@ -346,15 +353,16 @@ def test_a_version_2_database_keeps_its_objects_as_their_first_generation() -> N
     assert connection.execute("SELECT gen, next_gen FROM shapes").fetchall() == [(7, None)]
     assert connection.execute("SELECT gen, name FROM objects").fetchall() == [(7, "x")]
     assert connection.execute("SELECT count(*) FROM staging").fetchone() == (0,)
-    assert connection.execute("SELECT value FROM meta").fetchone() == ("3",)
+    assert connection.execute("SELECT value FROM meta").fetchone() == ("4",)
 
 
 def test_maintenance_queries_use_an_index(db: sqlite3.Connection) -> None:
     """Found by review: retention by age and the per-shape object count scanned every row
     (bodies included) every minute. The plans of the statements they really run."""
+    fill(db, [], "10")
     statements: list[str] = []
     db.set_trace_callback(statements.append)
-    writing.trim(db, shape_id=1, max_events=1000, max_age=60)
+    writing.trim(db, shape_id=1, max_events=1000, max_age=60, max_bytes=1 << 30)
     db.set_trace_callback(None)
     aged = next(s for s in statements if "at <" in s)
     plans = {

@@ -22,6 +22,7 @@ from proxy.kube.options import (
     list_options_errors,
     list_semantics,
     parse_bool,
+    selector_bytes,
     watch_start,
 )
 from proxy.kube.selectors import FieldSelector, LabelSelector
@@ -92,6 +93,20 @@ def test_first_values_multidict_keeps_first() -> None:
     query = _MultiDict([("watch", "false"), ("watch", "true"), ("limit", "1")])
     assert first_values(query) == {"watch": "false", "limit": "1"}
     assert ListOptions.parse(query).is_watch is False
+
+
+def test_selector_bytes_counts_both_selectors_as_decoded_before_parsing() -> None:
+    """What ``serve.reading`` checks before it parses a query: the first of each selector,
+    in UTF-8 (an invalid selector counts too: the apiserver answers it)."""
+    query = [
+        ("labelSelector", "app=\u00e9"),
+        ("labelSelector", "ignored-repeat"),
+        ("fieldSelector", "metadata.name=x"),
+        ("limit", "500"),
+    ]
+    assert selector_bytes(query) == len("app=") + 2 + len("metadata.name=x")
+    assert selector_bytes([("labelSelector", "((( not a selector")]) == 18
+    assert selector_bytes([]) == 0
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ from proxy.serve import routing
 from proxy.serve.authenticating import ClientAuth
 from proxy.serve.context import Context, ServeSettings
 from proxy.serve.limiting import Admission, Limits
+from proxy.upstream.syncing import SyncSettings
 
 
 @contextlib.asynccontextmanager
@@ -33,7 +34,10 @@ async def serving(
     ctx = Context(
         store=store,
         syncer=cast(
-            Any, SimpleNamespace(find=find, holds=lambda gvr: True, without_protobuf=set())
+            Any,
+            SimpleNamespace(
+                find=find, holds=lambda gvr: True, without_protobuf=set(), settings=SyncSettings()
+            ),
         ),
         upstream=cast(Any, None),
         discovery=cast(Any, None),

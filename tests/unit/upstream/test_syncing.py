@@ -406,5 +406,76 @@ async def test_learning_stops_at_the_shape_limit(world: Any) -> None:
     assert await syncer.learn(key("b")) is not None
     assert await syncer.learn(key("c")) is None
     assert await syncer.learn(key("a")) is store.shapes[key("a")]  # known ones still serve
-    assert metrics.value("warmwatch_shape_limit_total") == 1
+    assert metrics.value("warmwatch_shape_limit_total", {"reason": "shapes"}) == 1
     assert len(store.shapes) == 3  # two learned, one configured
+
+
+async def test_maintenance_reports_each_logs_bytes(world: Any) -> None:
+    apiserver, _, metrics, make = world
+    syncer = await make()
+    shape = await syncer.learn(key("a"))
+    assert shape is not None and await syncer.wait_filled(shape)
+    apiserver.push("a", {"type": "MODIFIED", "object": cm("a", "o0", 101)})
+    await eventually(lambda: shape.rv == "101", timeout=5)
+    await syncer.maintain_once()
+    labels = {"resource": "v1/configmaps", "shape": str(shape.id)}
+    assert metrics.value("warmwatch_shape_log_bytes", labels) == shape.log_bytes > 0
+
+
+async def test_dropping_a_shape_dropped_meanwhile_leaves_its_successor_alone(
+    world: Any,
+) -> None:
+    """Found by review: maintenance goes through a copy of the shapes; one dropped meanwhile
+    (revoked) and learned again had its successor's reflector cancelled when maintenance
+    dropped the old one as unused, and the new shape was served without a watch."""
+    _, store, _, make = world
+    syncer = await make()
+    old = await syncer.learn(key("a"))
+    assert old is not None
+    await store.drop_shape(old)  # as its supervisor does when access is revoked
+    new = await syncer.learn(key("a"))
+    assert new is not None and new is not old
+    running = syncer._tasks[key("a")]
+    await syncer.drop(old)  # the maintenance pass, with its copy
+    assert syncer._tasks.get(key("a")) is running and not running.done()
+    assert store.shapes[key("a")] is new
+
+
+def selecting(namespace: str, *, label_bytes: int, field_bytes: int) -> ShapeKey:
+    return dataclasses.replace(
+        key(namespace), label_selector="l" * label_bytes, field_selector="f" * field_bytes
+    )
+
+
+async def test_a_shape_is_not_learned_from_selectors_longer_than_its_key_may_be(
+    world: Any,
+) -> None:
+    """Found by a probe: 12 shapes learned from label selectors of 683 KiB took warmwatch
+    from 50 to 234 MiB; --max-shapes bounds how many shapes there are, not their size.
+    Label and field selectors count together; such a request passes through."""
+    _, store, metrics, make = world
+    syncer = await make()
+    longest = selecting("a", label_bytes=4000, field_bytes=96)
+    assert longest.selector_bytes == SyncSettings().max_key_bytes
+    assert await syncer.learn(longest) is store.shapes[longest]
+    too_long = selecting("a", label_bytes=4000, field_bytes=97)
+    assert await syncer.learn(too_long) is None
+    assert too_long not in store.shapes
+    assert metrics.value("warmwatch_shape_limit_total", {"reason": "key_bytes"}) == 1
+    assert metrics.value("warmwatch_shape_limit_total", {"reason": "shapes"}) is None
+
+
+async def test_a_shape_learned_with_a_longer_key_before_is_dropped_at_start(world: Any) -> None:
+    """A database of an earlier build may hold such shapes: they are neither watched nor
+    served (nor kept in memory)."""
+    _, store, metrics, make = world
+    kept = selecting("a", label_bytes=10, field_bytes=0)
+    oversized = selecting("b", label_bytes=683 * 1024, field_bytes=0)
+    for learned in (kept, oversized):
+        await store.ensure_shape(learned, configured=False)
+    metrics.resources.hold("v1/configmaps")  # a resource the apiserver serves
+    syncer = await make()
+    assert set(store.shapes) == {kept}
+    assert set(syncer.reflectors) == {kept}
+    dropped = {"resource": "v1/configmaps", "reason": "oversized"}
+    assert metrics.value("warmwatch_shapes_dropped_total", dropped) == 1
