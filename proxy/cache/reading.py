@@ -335,6 +335,17 @@ def document_keys(connection: sqlite3.Connection) -> list[str]:
     return [str(row[0]) for row in connection.execute("SELECT key FROM discovery")]
 
 
+def document_sizes(connection: sqlite3.Connection) -> list[tuple[str, int]]:
+    """Every stored discovery document's key and body size in bytes, the oldest stored
+    first."""
+    return [
+        (str(key), int(size))
+        for key, size in connection.execute(
+            "SELECT key, length(body) FROM discovery ORDER BY stored_at, key"
+        )
+    ]
+
+
 def log_start(connection: sqlite3.Connection, *, shape_id: int) -> str | None:
     """The RV the shape's retained log starts at (None before its first list)."""
     row = connection.execute("SELECT log_start_rv FROM shapes WHERE id = ?", (shape_id,)).fetchone()
