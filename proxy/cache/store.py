@@ -366,9 +366,6 @@ class Store:
     async def get_document(self, key: str) -> tuple[int, bytes, bytes, str] | None:
         return await self._readers.read(reading.get_document, key=key)
 
-    async def document_keys(self) -> list[str]:
-        return await self._readers.read(reading.document_keys)
-
     async def document_sizes(self) -> list[tuple[str, int]]:
         return await self._readers.read(reading.document_sizes)
 
