@@ -76,7 +76,7 @@ from proxy.kube.options import first_values
 from proxy.kube.status import StatusError
 from proxy.metrics import Metrics
 from proxy.upstream.connecting import Credentials, Upstream
-from proxy.upstream.errors import UpstreamUnavailable
+from proxy.upstream.errors import UpstreamError, UpstreamUnavailable
 from proxy.upstream.forwarding import (
     Collector,
     Offline,
@@ -676,7 +676,7 @@ async def keep_confirmed(
                 await revalidate(
                     copies, key, document, upstream=upstream, cache=cache, settings=settings
                 )
-            except UpstreamUnavailable as error:
+            except UpstreamError as error:  # unreachable, or its connections all in use
                 logger.debug("Revalidating discovery %s: %s", key, error)
                 upstream.metrics.discovery_revalidations.labels(result="error").inc()
             finally:

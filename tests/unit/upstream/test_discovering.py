@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 
 import aiohttp
 import orjson
@@ -15,7 +16,7 @@ from aiohttp import web
 
 from proxy.kube.status import StatusError
 from proxy.metrics import Metrics
-from proxy.upstream.connecting import Upstream
+from proxy.upstream.connecting import ConnectionBudget, ConnectionSettings, Upstream, connect
 from proxy.upstream.discovering import (
     CachedDocument,
     DiscoveryCopies,
@@ -34,6 +35,7 @@ from tests.unit.upstream.conftest import (
     Served,
     eventually,
     start_proxy,
+    token_kubeconfig,
 )
 
 ACCEPT = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json"
@@ -509,6 +511,45 @@ async def test_keep_confirmed_revalidates_at_most_its_rate(
         await asyncio.gather(task, return_exceptions=True)
     # 30 revalidations at 20 a second (5 per pass): 6 passes, the first after 0.25 s
     assert elapsed >= 6 * 0.25, f"30 revalidations in {elapsed:.2f} s"
+
+
+async def test_keep_confirmed_outlives_a_full_connection_budget(
+    apiserver: Served, fake: FakeApiserver, tmp_path: Path, metrics: Metrics
+) -> None:
+    """Every discovery connection held by client requests: a revalidation fails with
+    UpstreamBusy, counted as an error, and the next pass revalidates again."""
+    kubeconfig = token_kubeconfig(tmp_path / "kc", server=apiserver.url, token="t")
+    budget = ConnectionBudget(discovery=1, wait=0.01)
+    upstream = await connect(
+        ConnectionSettings(kubeconfig=str(kubeconfig), budget=budget), metrics=metrics
+    )
+    copies = DiscoveryCopies(settings=DiscoverySettings(max_age=1.0), metrics=metrics)
+    copies.remember([("/api?|application/json", 0)])
+    task = asyncio.create_task(
+        keep_confirmed(
+            copies,
+            upstream=upstream,
+            cache=MemoryDiscoveryCache(),
+            breaker=None,
+            settings=PassthroughSettings(),
+        )
+    )
+    errors = {"result": "error"}
+    try:
+        async with upstream.request("GET", "/slow", stream=True, purpose="discovery"):
+            await eventually(
+                lambda: (
+                    (metrics.value("warmwatch_discovery_revalidations_total", errors) or 0) >= 2
+                ),
+                timeout=5,
+            )
+        await eventually(lambda: copies.answer("/api?|application/json") is not None, timeout=5)
+        assert not task.done()
+    finally:
+        fake.gate.set()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await upstream.close()
 
 
 async def test_a_query_that_changes_no_answer_shares_the_path_s_copy(
