@@ -61,6 +61,35 @@ def _number(
     p.add_argument(flag, type=kind, default=kind(value), help=help)
 
 
+def _discovery_flags(p: argparse.ArgumentParser) -> None:
+    discovery = DiscoverySettings()
+    _number(
+        p,
+        "--discovery-max-age",
+        kind=float,
+        default=discovery.max_age,
+        help="answer discovery from warmwatch's copy while the apiserver confirmed it within "
+        "this many seconds (kept confirmed in the background); 0: always ask the apiserver "
+        f"(default {discovery.max_age:g})",
+    )
+    _number(
+        p,
+        "--discovery-max-copies",
+        kind=int,
+        default=discovery.max_copies,
+        help="discovery documents stored at most, the least recently asked evicted "
+        f"(default {discovery.max_copies})",
+    )
+    _number(
+        p,
+        "--discovery-max-bytes",
+        kind=int,
+        default=discovery.max_bytes,
+        help="bytes of discovery documents stored at most, the least recently asked evicted "
+        f"(default {discovery.max_bytes})",
+    )
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="warmwatch", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -194,13 +223,7 @@ def parser() -> argparse.ArgumentParser:
         default=int(_env("max-shapes", "500") or 500),
         help="learned collections at most; requests for more pass through",
     )
-    p.add_argument(
-        "--discovery-max-age",
-        type=float,
-        default=float(_env("discovery-max-age", "10") or 10),
-        help="answer discovery from warmwatch's copy while the apiserver confirmed it within "
-        "this many seconds (kept confirmed in the background); 0: always ask the apiserver",
-    )
+    _discovery_flags(p)
     limits = Limits()
     _number(
         p,
@@ -321,7 +344,11 @@ def settings_from(args: argparse.Namespace) -> Settings:
         serve=ServeSettings(
             bookmark_interval=args.bookmark_interval, slow_write_timeout=args.watch_write_timeout
         ),
-        discovery=DiscoverySettings(max_age=args.discovery_max_age),
+        discovery=DiscoverySettings(
+            max_age=args.discovery_max_age,
+            max_copies=args.discovery_max_copies,
+            max_bytes=args.discovery_max_bytes,
+        ),
         limits=Limits(
             max_connections=args.max_connections,
             max_watches=args.max_watches,

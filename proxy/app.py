@@ -16,6 +16,7 @@ import ipaddress
 import logging
 import signal
 import ssl
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -177,7 +178,7 @@ class StoredDiscovery:
             self._named[path] = hash(document.body)
             self.resources.discovered(source=path, resources=(str(gvr) for gvr in named))
 
-    async def put(self, key: str, doc: CachedDocument) -> None:
+    async def put(self, key: str, doc: CachedDocument, *, evict: Sequence[str] = ()) -> None:
         self._name(key, doc)
         await self.store.put_document(
             key,
@@ -185,7 +186,11 @@ class StoredDiscovery:
             headers=orjson.dumps([list(h) for h in doc.headers]),
             body=doc.body,
             etag=doc.etag or "",
+            evict=evict,
         )
+
+    async def drop(self, keys: Sequence[str]) -> None:
+        await self.store.drop_documents(keys)
 
 
 class App:
@@ -269,22 +274,7 @@ class App:
             for flag in settings.resources
         )
         discovery = StoredDiscovery(store, resources=self.metrics.resources)
-        copies = None
-        if settings.client_auth.mode != "delegated":
-            # Delegated: discovery goes to the apiserver with each client's own credentials,
-            # which decides who may read it; a copy would answer any caller.
-            copies = DiscoveryCopies(settings=settings.discovery)
-            copies.remember(await store.document_keys())
-            self._discovery = asyncio.create_task(
-                keep_confirmed(
-                    copies,
-                    upstream=upstream,
-                    cache=discovery,
-                    breaker=breaker,
-                    settings=PassthroughSettings(),
-                ),
-                name="discovery copies",
-            )
+        copies = await self._discovery_copies(discovery, upstream=upstream, breaker=breaker)
         ctx = Context(
             store=store,
             syncer=syncer,
@@ -321,6 +311,36 @@ class App:
             *settings.metrics_listen,
             len(store.shapes),
         )
+
+    async def _discovery_copies(
+        self, discovery: StoredDiscovery, *, upstream: Upstream, breaker: CircuitBreaker
+    ) -> DiscoveryCopies:
+        """The account of the stored discovery documents, brought within its bounds, and
+        (not delegated) the task that keeps them confirmed."""
+        settings = self.settings
+        delegated = settings.client_auth.mode == "delegated"
+        copies = DiscoveryCopies(
+            # Delegated: discovery goes to the apiserver with each client's own credentials,
+            # which decides who may read it; a copy would answer any caller. Copies are
+            # only stored (within the same bounds) for an offline start.
+            settings=dataclasses.replace(settings.discovery, max_age=0)
+            if delegated
+            else settings.discovery,
+            metrics=self.metrics,
+        )
+        await discovery.drop(copies.remember(await discovery.store.document_sizes()))
+        if not delegated:
+            self._discovery = asyncio.create_task(
+                keep_confirmed(
+                    copies,
+                    upstream=upstream,
+                    cache=discovery,
+                    breaker=breaker,
+                    settings=PassthroughSettings(),
+                ),
+                name="discovery copies",
+            )
+        return copies
 
     async def _client_tokens(self, upstream: Upstream) -> TokenFile | None:
         """``token-file``: the file's token must be warmwatch's own identity — checked now

@@ -434,6 +434,25 @@ class Metrics:
             {"result": frozenset({"unchanged", "changed", "gone", "too large", "error"})},
             registry=r,
         )
+        self.discovery_copies: Final = Gauge(
+            f"{PREFIX}discovery_copies",
+            "Discovery documents stored (at most --discovery-max-copies).",
+            registry=r,
+        )
+        self.discovery_copy_bytes: Final = Gauge(
+            f"{PREFIX}discovery_copy_bytes",
+            "Bytes of the discovery documents stored (at most --discovery-max-bytes).",
+            registry=r,
+        )
+        self.discovery_copies_dropped: Final = _bounded(
+            Counter,
+            f"{PREFIX}discovery_copies_dropped",
+            "Discovery documents not kept to stay within the bounds, by reason: evicted (the "
+            "least recently asked, to make room), no room (a new one, while every other was "
+            "in use).",
+            {"reason": frozenset({"evicted", "no room"})},
+            registry=r,
+        )
 
         # -- serving --------------------------------------------------------------------
         self.watchers: Final = _bounded(

@@ -330,6 +330,12 @@ def get_document(
     return (int(row[0]), bytes(row[1]), bytes(row[2]), str(row[3])) if row else None
 
 
-def document_keys(connection: sqlite3.Connection) -> list[str]:
-    """The keys of every stored discovery document."""
-    return [str(row[0]) for row in connection.execute("SELECT key FROM discovery")]
+def document_sizes(connection: sqlite3.Connection) -> list[tuple[str, int]]:
+    """Every stored discovery document's key and body size in bytes, the oldest stored
+    first."""
+    return [
+        (str(key), int(size))
+        for key, size in connection.execute(
+            "SELECT key, length(body) FROM discovery ORDER BY stored_at, key"
+        )
+    ]

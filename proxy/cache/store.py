@@ -431,15 +431,32 @@ class Store:
     async def get_document(self, key: str) -> tuple[int, bytes, bytes, str] | None:
         return await self._readers.read(reading.get_document, key=key)
 
-    async def document_keys(self) -> list[str]:
-        return await self._readers.read(reading.document_keys)
+    async def document_sizes(self) -> list[tuple[str, int]]:
+        return await self._readers.read(reading.document_sizes)
 
     async def put_document(
-        self, key: str, *, status: int, headers: bytes, body: bytes, etag: str
+        self,
+        key: str,
+        *,
+        status: int,
+        headers: bytes,
+        body: bytes,
+        etag: str,
+        evict: Sequence[str] = (),
     ) -> None:
         await self._write(
-            writing.put_document, key=key, status=status, headers=headers, body=body, etag=etag
+            writing.put_document,
+            key=key,
+            status=status,
+            headers=headers,
+            body=body,
+            etag=etag,
+            evict=evict,
         )
+
+    async def drop_documents(self, keys: Sequence[str]) -> None:
+        if keys:
+            await self._write(writing.drop_documents, keys=keys)
 
     # -- reading ---------------------------------------------------------------------------
 

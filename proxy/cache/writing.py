@@ -804,15 +804,34 @@ def save_usage(connection: sqlite3.Connection, *, used: dict[int, float]) -> Non
 
 
 def put_document(
-    connection: sqlite3.Connection, *, key: str, status: int, headers: bytes, body: bytes, etag: str
+    connection: sqlite3.Connection,
+    *,
+    key: str,
+    status: int,
+    headers: bytes,
+    body: bytes,
+    etag: str,
+    evict: Sequence[str] = (),
 ) -> None:
-    """Store (or replace) a discovery document, for answering it while upstream is away."""
+    """Store (or replace) a discovery document, for answering it while upstream is away, and
+    delete the ``evict`` ones in the same transaction (the bounds hold at every commit)."""
     with connection:
+        _delete_documents(connection, evict)
         connection.execute(
             "INSERT OR REPLACE INTO discovery (key, status, headers, body, etag, stored_at) "
             "VALUES (?, ?, ?, ?, ?, ?)",
             (key, status, headers, body, etag, time.time()),
         )
+
+
+def drop_documents(connection: sqlite3.Connection, *, keys: Sequence[str]) -> None:
+    """Delete discovery documents (gone upstream, or past the bounds)."""
+    with connection:
+        _delete_documents(connection, keys)
+
+
+def _delete_documents(connection: sqlite3.Connection, keys: Sequence[str]) -> None:
+    connection.executemany("DELETE FROM discovery WHERE key = ?", ((key,) for key in keys))
 
 
 def checkpoint(connection: sqlite3.Connection, *, mode: str) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
@@ -23,6 +23,8 @@ __all__ = [
     "go_json_syntax_error",
     "go_quote",
     "origin_form",
+    "parse_bool",
+    "parse_duration",
     "parse_int64",
     "parse_query",
     "parse_uint64",
@@ -190,6 +192,110 @@ def parse_int64(text: str) -> int:
     if magnitude > INT64_MAX:
         raise GoNumError(func="ParseInt", text=text, reason="value out of range")
     return magnitude
+
+
+_GO_TRUE: Final = frozenset({"1", "t", "T", "TRUE", "true", "True"})
+_GO_FALSE: Final = frozenset({"0", "f", "F", "FALSE", "false", "False"})
+
+
+def parse_bool(text: str) -> bool:
+    """Go's ``strconv.ParseBool``: exactly ``1 t T TRUE true True`` and ``0 f F FALSE false
+    False``; anything else is a syntax error."""
+    if text in _GO_TRUE:
+        return True
+    if text in _GO_FALSE:
+        return False
+    raise GoNumError(func="ParseBool", text=text, reason="invalid syntax")
+
+
+_DURATION_UNITS: Final = {
+    b"ns": 1,
+    b"us": 1_000,
+    "\u00b5s".encode(): 1_000,  # micro sign
+    "\u03bcs".encode(): 1_000,  # Greek mu
+    b"ms": 1_000_000,
+    b"s": 1_000_000_000,
+    b"m": 60_000_000_000,
+    b"h": 3_600_000_000_000,
+}
+_DIGIT_BYTES: Final = frozenset(b"0123456789")
+
+
+class GoDurationError(ValueError):
+    """Go's ``time.ParseDuration`` refuses the text. The message is not Go's: a request with
+    such a duration is passed through, and the apiserver words its own answer."""
+
+
+def parse_duration(text: str) -> int:
+    """Go's ``time.ParseDuration`` (``[-+]?([0-9]*(\\.[0-9]*)?[a-z]+)+``, or ``0``): the
+    duration in nanoseconds, or :class:`GoDurationError` where Go refuses it (no digits, no
+    unit, an unknown unit, past int64 nanoseconds). Go reads bytes; so does this."""
+    data = text.encode("utf-8", "surrogateescape")
+    invalid = GoDurationError(f"invalid duration {go_quote(text)}")
+    negative = data[:1] == b"-"
+    if data[:1] in (b"-", b"+"):
+        data = data[1:]
+    if data == b"0":
+        return 0
+    if not data:
+        raise invalid
+    total = 0
+    while data:
+        whole, data = _leading_int(data, invalid)
+        fraction, scale, digits = 0, 1.0, whole is not None
+        if data[:1] == b".":
+            fraction, scale, data, has_fraction = _leading_fraction(data[1:])
+            digits = digits or has_fraction
+        end = next((i for i, c in enumerate(data) if c == 0x2E or c in _DIGIT_BYTES), len(data))
+        unit = _DURATION_UNITS.get(data[:end])
+        if not digits or unit is None:
+            raise invalid
+        data = data[end:]
+        value = whole or 0
+        if value > (1 << 63) // unit:
+            raise invalid
+        value *= unit
+        if fraction > 0:
+            value += int(float(fraction) * (float(unit) / scale))
+            if value > 1 << 63:
+                raise invalid
+        total += value
+        if total > 1 << 63:
+            raise invalid
+    if negative:
+        return -total
+    if total > INT64_MAX:
+        raise invalid
+    return total
+
+
+def _leading_int(data: bytes, invalid: GoDurationError) -> tuple[int | None, bytes]:
+    """Go's ``leadingInt``: the leading digits' value (None when there are none) and the
+    rest; past 2^63 is an error. The next byte must be a digit or a point."""
+    if not data or not (data[0] == 0x2E or data[0] in _DIGIT_BYTES):
+        raise invalid
+    value, i = 0, 0
+    while i < len(data) and data[i] in _DIGIT_BYTES:
+        value = value * 10 + data[i] - 0x30
+        if value > 1 << 63:
+            raise invalid
+        i += 1
+    return (value if i else None), data[i:]
+
+
+def _leading_fraction(data: bytes) -> tuple[int, float, bytes, bool]:
+    """Go's ``leadingFraction``: digits after the point as (value, scale), digits past int64
+    precision ignored; the rest, and whether there was any digit."""
+    value, scale, i, overflow = 0, 1.0, 0, False
+    while i < len(data) and data[i] in _DIGIT_BYTES:
+        if not overflow:
+            following = value * 10 + data[i] - 0x30
+            if value > INT64_MAX // 10 or following > 1 << 63:
+                overflow = True
+            else:
+                value, scale = following, scale * 10
+        i += 1
+    return value, scale, data[i:], i > 0
 
 
 _HEX = frozenset(b"0123456789abcdefABCDEF")

@@ -6,9 +6,10 @@ The rule a client sees (written in the README too):
 
 - A document the apiserver confirmed within ``DiscoverySettings.max_age`` is answered from the
   copy, with no round trip: a warm restart of a controller does not wait on the upstream link
-  for its discovery. A background task (``keep_confirmed``) re-asks the apiserver for every
-  kept document well within that age, conditionally (``If-None-Match``) where the document has
-  an ETag, so the copies stay confirmed while clients are quiet.
+  for its discovery. A background task (``keep_confirmed``) re-asks the apiserver for the
+  kept documents well within that age (within its rate, below), conditionally
+  (``If-None-Match``) where the document has an ETag, so the copies stay confirmed while
+  clients are quiet.
 - Otherwise (never asked, not confirmed lately, too large to keep confirmed) the request is
   passed through and its 200 answer stored and confirmed.
 - A write through warmwatch to CustomResourceDefinitions or APIServices changes what discovery
@@ -16,6 +17,36 @@ The rule a client sees (written in the README too):
   passed through, so a controller that installs its CRD and then looks it up sees it as soon as
   the apiserver does. A CRD installed by someone else appears at most ``max_age`` late.
 - While the apiserver cannot be reached the stored document is answered, however old.
+
+Which copy answers a request (``discovery_key``): one per document the apiserver serves and
+``Accept`` header, keyed by the path; of the query only what the apiserver's handlers read
+(kube-apiserver 1.37, its generic filters and kube-openapi):
+
+- every document: ``timeout`` (the request-deadline filter; client-go sends ``timeout=32s``
+  with its discovery) only bounds the request; a value Go's ``time.ParseDuration`` refuses
+  is the apiserver's 400, so such a request is passed through and not stored;
+- ``/api``, ``/api/V``, ``/apis``, ``/apis/G``, ``/apis/G/V`` (the negotiated serializer,
+  legacy and aggregated discovery alike): ``pretty``, which indents the JSON: a ``pretty``
+  that Go's ``ParseBool`` reads as true, or, without one, a ``User-Agent`` starting with
+  ``curl``, ``Wget`` or ``Mozilla/5.0``, is a copy of its own;
+- ``/openapi/v3/...`` (a group-version's document): ``hash``. A hashed URL (the ones
+  ``/openapi/v3`` lists) whose answer the apiserver marks ``Cache-Control: immutable`` never
+  changes (another hash is answered 301 to the current one): its copy is answered without
+  revalidation;
+- ``/version``, ``/openapi/v2``, ``/openapi/v3``: nothing.
+
+Any other parameter changes no answer and is left out of the key: ``/version?n=1`` is
+answered from, and stored as, the copy of ``/version``. Only 200 answers are stored: a
+document the apiserver does not serve (``/apis/G/V`` of no such group, an unknown
+``/openapi/v3/...``) is its 404, a stale ``hash`` its 301.
+
+The copies are bounded (``DiscoverySettings``), in every ``--client-auth`` mode (``delegated``
+stores them for an offline start, never answers them while the apiserver is reachable): at
+most ``max_copies`` of them and
+``max_bytes`` of documents, the least recently asked evicted to make room, never one a client
+asked for within ``in_use_for`` (then the new document is passed through unstored);
+revalidations run at most ``revalidation_rate`` a second, the most recently asked copies
+first, and only of copies asked within ``keep_for``.
 
 The plain health checks (``/healthz``, ``/livez``, ``/readyz``, no query: what controllers
 poll before they start) follow the same rule, so a warm restart makes no round trip for them
@@ -28,18 +59,24 @@ stands, never a stored one.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
+import math
 import time
 import urllib.parse
-from collections.abc import Awaitable, Callable, Iterable
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Protocol, TypeAlias
 
 from aiohttp import web
 
+from proxy.kube.gocompat import GoDurationError, GoNumError, parse_bool, parse_duration, parse_query
+from proxy.kube.options import first_values
 from proxy.kube.status import StatusError
+from proxy.metrics import Metrics
 from proxy.upstream.connecting import Credentials, Upstream
-from proxy.upstream.errors import UpstreamUnavailable
+from proxy.upstream.errors import UpstreamError, UpstreamUnavailable
 from proxy.upstream.forwarding import (
     Collector,
     Offline,
@@ -66,8 +103,13 @@ _NOT_MODIFIED_HEADERS: Final = frozenset(
     {"etag", "cache-control", "vary", "expires", "content-location"}
 )
 
+_HEALTH_CHECKS: Final = frozenset({"/healthz", "/livez", "/readyz"})
+_UNQUERIED: Final = frozenset({"/version", "/openapi/v2", "/openapi/v3"})
+_PRETTY_AGENTS: Final = ("curl", "Wget", "Mozilla/5.0")
+"""``negotiation.isPrettyPrint``: clients whose JSON the apiserver indents unasked."""
 
-# ------------------------------------------------------------------------- discovery
+
+# ------------------------------------------------------------------------- documents
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -81,6 +123,14 @@ class CachedDocument:
     body: bytes
     etag: str | None
 
+    @property
+    def immutable(self) -> bool:
+        """The apiserver said this answer never changes (a hashed openapi v3 URL)."""
+        return any(
+            name.lower() == "cache-control" and "immutable" in value.lower()
+            for name, value in self.headers
+        )
+
 
 Admit: TypeAlias = Callable[[web.BaseRequest], Awaitable[None]]
 """Whether a request may be answered: returns, or raises the StatusError to answer."""
@@ -91,7 +141,110 @@ class DiscoveryCache(Protocol):
 
     async def get(self, key: str) -> CachedDocument | None: ...
 
-    async def put(self, key: str, doc: CachedDocument) -> None: ...
+    async def put(self, key: str, doc: CachedDocument, *, evict: Sequence[str] = ()) -> None:
+        """Store ``doc`` and delete the ``evict`` keys, at once."""
+
+    async def drop(self, keys: Sequence[str]) -> None: ...
+
+
+def discovery_key(*, path: str, query: str, accept: str, user_agent: str) -> str | None:
+    """The copy that answers a GET of ``path`` with the raw ``query``: ``path?kept|Accept``
+    with the kept parameters of the module's rule; None when warmwatch keeps no copy for it
+    (not a discovery document, a health check with a query, a ``timeout`` the apiserver
+    refuses): passed through, not stored."""
+    if path in _HEALTH_CHECKS:
+        return _key(path, [], accept) if not query else None
+    if not (path in _UNQUERIED or path.startswith("/openapi/v3/") or _is_group_path(path)):
+        return None
+    params = first_values(parse_query(query))  # Go's URL.Query().Get: the first value
+    if params.get("timeout"):
+        try:
+            parse_duration(params["timeout"])
+        except GoDurationError:
+            return None
+    kept: list[tuple[str, str]] = []
+    if path.startswith("/openapi/v3/") and params.get("hash"):
+        kept.append(("hash", params["hash"]))
+    if _is_group_path(path) and _pretty(query, params.get("pretty", ""), user_agent):
+        kept.append(("pretty", "true"))
+    return _key(path, kept, accept)
+
+
+def request_key(request: web.BaseRequest) -> str | None:
+    """:func:`discovery_key` of a GET."""
+    return discovery_key(
+        path=request.path,
+        query=request.rel_url.raw_query_string,
+        accept=", ".join(request.headers.getall("Accept", [])),
+        user_agent=request.headers.get("User-Agent", ""),
+    )
+
+
+def _key(path: str, kept: list[tuple[str, str]], accept: str) -> str:
+    return f"{path}?{urllib.parse.urlencode(kept, quote_via=urllib.parse.quote)}|{accept}"
+
+
+def _is_group_path(path: str) -> bool:
+    """``/api``, ``/api/V``, ``/apis``, ``/apis/G``, ``/apis/G/V``: written by the
+    apiserver's negotiated serializer."""
+    parts = path.split("/")  # ["", "apis", "G", "V"]
+    if parts[1:2] == ["api"]:
+        return len(parts) == 2 or (len(parts) == 3 and bool(parts[2]))
+    if parts[1:2] == ["apis"]:
+        return len(parts) == 2 or (len(parts) in (3, 4) and all(parts[2:]))
+    return False
+
+
+def _pretty(query: str, pretty: str, user_agent: str) -> bool:
+    """``negotiation.isPrettyPrint``: ``pretty`` where the raw query names it, else the
+    User-Agent."""
+    if "pretty" in query and pretty:
+        try:
+            return parse_bool(pretty)
+        except GoNumError:
+            return False
+    return user_agent.startswith(_PRETTY_AGENTS)
+
+
+def parse_discovery_key(key: str) -> tuple[str, str]:
+    """``(path?query, Accept)`` of a :func:`discovery_key`: what to ask the apiserver to
+    revalidate it."""
+    target, _, accept = key.partition("|")
+    return target.removesuffix("?"), accept
+
+
+def is_canonical_key(key: str) -> bool:
+    """``key`` is what :func:`discovery_key` makes of itself (keys stored by an earlier build
+    may hold a query this one leaves out)."""
+    target, accept = parse_discovery_key(key)
+    path, _, query = target.partition("?")
+    return discovery_key(path=path, query=query, accept=accept, user_agent="") == key
+
+
+def changes_discovery(path: str) -> bool:
+    """A write to this path changes what discovery says: CustomResourceDefinitions and
+    APIServices (and their status, which makes them Established / Available)."""
+    return path.startswith(
+        (
+            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+            "/apis/apiregistration.k8s.io/v1/apiservices",
+        )
+    )
+
+
+def _etag_matches(if_none_match: str | None, etag: str | None) -> bool:
+    """Weak comparison (RFC 9110 §13.1.2), as Go's ``checkIfNoneMatch``."""
+    if not if_none_match or not etag:
+        return False
+    if if_none_match.strip() == "*":
+        return True
+    ours = etag.strip().removeprefix("W/")
+    return any(
+        candidate.strip().removeprefix("W/") == ours for candidate in if_none_match.split(",")
+    )
+
+
+# ------------------------------------------------------------------------- the copies
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -120,19 +273,79 @@ class DiscoverySettings:
     concurrency: int = 4
     """Revalidations in flight at once."""
 
+    max_copies: int = 2000
+    """Copies stored at most. The test apiserver with 150 CRD groups serves 550 discovery
+    documents (legacy and aggregated discovery, openapi v2, an openapi v3 document per
+    group-version; README, Limits), all of which a client reading everything stores; a second
+    Accept header (protobuf) for some of them adds more. A query makes no copy of its own
+    unless it changes the answer; each Accept header does."""
+
+    max_bytes: int = 128 * 2**20
+    """Bytes of stored documents at most (their bodies; in the database and, while answering
+    from copies is on, in memory). Twice the largest document kept
+    (``PassthroughSettings.discovery_max_bytes``, 64 MiB), so the largest real ``/openapi/v2``
+    fits beside a cluster's whole openapi v3 (of the same size again)."""
+
+    in_use_for: float = 60.0
+    """A copy a client asked for within this long is never evicted: a controller reads its
+    discovery within seconds of its start, kube-controller-manager re-reads it every 30 s.
+    When only such copies are left, a new document is passed through unstored."""
+
+    revalidation_rate: float = 20.0
+    """Background revalidations per second at most, the most recently asked copies first:
+    with ``max_age`` 10 s, 100 copies stay confirmed; a controller needs a handful (``/api``,
+    ``/apis``, ``/version``, a health check). Others, once unconfirmed, are passed through
+    when asked (and confirmed by that answer)."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_copies", "max_bytes", "revalidation_rate"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"--discovery-{name.replace('_', '-')} must be positive")
+
+    @property
+    def answering(self) -> bool:
+        """Copies may be answered while confirmed (else they only serve offline)."""
+        return self.max_age > 0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Kept:
+    """What :meth:`DiscoveryCopies.keep` decided for a 200 answer."""
+
+    write: bool
+    """Store the document (it is new or changed, and it fits)."""
+    evict: tuple[str, ...] = ()
+    """...and delete these copies with it, to stay within the bounds."""
+    same: bool = False
+    """The stored copy has this body already: confirmed, nothing to write."""
+
 
 @dataclass(slots=True)
 class _Copy:
+    size: int
+    """Bytes of the stored body."""
+    digest: bytes | None
+    """Of the stored body; None until known (a copy stored by an earlier run)."""
     document: CachedDocument | None
-    """None until it was read from the store (kept from an earlier run)."""
-    confirmed_at: float = -float("inf")
-    asked_at: float = 0.0
+    """Held while answering from copies is on, once it was stored or read from the store."""
+    asked_at: float
+    confirmed_at: float = -math.inf
     revalidating: bool = False
+
+    @property
+    def immutable(self) -> bool:
+        return self.document is not None and self.document.immutable
+
+
+def _digest(body: bytes) -> bytes:
+    return hashlib.blake2b(body, digest_size=16).digest()
 
 
 @dataclass(kw_only=True)
 class DiscoveryCopies:
-    """Which discovery documents may be answered from warmwatch's copy (the module's rule).
+    """Which discovery documents are stored (within the bounds), and which may be answered
+    from warmwatch's copy (the module's rule). The one account of the stored copies, in
+    every ``--client-auth`` mode: the store holds exactly these keys.
 
     Synchronous bookkeeping with an injectable clock; the I/O is in :func:`serve_discovery`
     and :func:`keep_confirmed`.
@@ -140,67 +353,181 @@ class DiscoveryCopies:
 
     settings: DiscoverySettings = field(default_factory=DiscoverySettings)
     clock: Callable[[], float] = time.monotonic
-    _copies: dict[str, _Copy] = field(default_factory=dict)
-    _quiet_until: float = -float("inf")
+    metrics: Metrics = field(default_factory=Metrics)
+    _copies: OrderedDict[str, _Copy] = field(default_factory=OrderedDict)
+    """Least recently asked first."""
+    _bytes: int = 0
+    _quiet_until: float = -math.inf
+
+    @property
+    def count(self) -> int:
+        """Copies stored."""
+        return len(self._copies)
+
+    @property
+    def bytes(self) -> int:
+        """Bytes of the stored copies' bodies."""
+        return self._bytes
 
     def answer(self, key: str) -> CachedDocument | None:
-        """The copy to answer ``key`` with, if it is confirmed recently enough."""
+        """The copy to answer ``key`` with, if it is confirmed recently enough (an immutable
+        one once confirmed)."""
         now = self.clock()
-        copy = self._copies.get(key)
-        if copy is None or copy.document is None or now < self._quiet_until:
-            if copy is not None:
-                copy.asked_at = now
+        copy = self._ask(key, now)
+        if copy is None or copy.document is None:
             return None
-        copy.asked_at = now
-        if now - copy.confirmed_at > self.settings.max_age:
+        if copy.immutable and copy.confirmed_at > -math.inf:
+            return copy.document
+        if now < self._quiet_until or now - copy.confirmed_at > self.settings.max_age:
             return None
         return copy.document
 
-    def confirmed(self, key: str, document: CachedDocument) -> None:
-        """The apiserver just answered ``key`` with ``document`` (200, or 304 to its ETag)."""
-        now = self.clock()
-        copy = self._copies.setdefault(key, _Copy(document=document, asked_at=now))
-        copy.document = document
-        copy.confirmed_at = now
-
     def asked(self, key: str) -> None:
         """``key`` was asked and passed through, with no document to keep (not a 200)."""
+        self._ask(key, self.clock())
+
+    def _ask(self, key: str, now: float) -> _Copy | None:
         copy = self._copies.get(key)
         if copy is not None:
-            copy.asked_at = self.clock()
+            copy.asked_at = now
+            self._copies.move_to_end(key)
+        return copy
 
-    def forget(self, key: str) -> None:
-        self._copies.pop(key, None)
-
-    def remember(self, keys: Iterable[str]) -> None:
-        """Keys stored by an earlier run: kept confirmed from now on (their documents are
-        read from the store by the first revalidation)."""
+    def keep(self, key: str, document: CachedDocument, *, asked: bool = True) -> Kept:
+        """The apiserver answered ``key`` with ``document`` (200): confirm the copy, and say
+        whether to store it, and what to evict for it. ``asked``: for a client (else a
+        revalidation, which does not bring back a copy evicted meanwhile)."""
         now = self.clock()
-        for key in keys:
-            self._copies.setdefault(key, _Copy(document=None, asked_at=now))
+        copy = self._ask(key, now) if asked else self._copies.get(key)
+        if copy is None and not asked:
+            return Kept(write=False)
+        digest = _digest(document.body)
+        if copy is not None and copy.digest == digest:
+            self._confirm(copy, document, now)
+            return Kept(write=False, same=True)
+        size = len(document.body)
+        evict = self._room_for(key, size, now)
+        if evict is None:
+            self.metrics.discovery_copies_dropped.labels(reason="no room").inc()
+            logger.debug("No room for discovery document %s (%d bytes)", key, size)
+            if copy is not None:  # the stored one is no longer what the apiserver says
+                copy.confirmed_at = -math.inf
+            return Kept(write=False)
+        for evicted in evict:
+            self._remove(evicted)
+        self.metrics.discovery_copies_dropped.labels(reason="evicted").inc(len(evict))
+        if copy is None:
+            copy = self._copies[key] = _Copy(size=0, digest=None, document=None, asked_at=now)
+        self._bytes += size - copy.size
+        copy.size, copy.digest = size, digest
+        self._confirm(copy, document, now)
+        self._account()
+        return Kept(write=True, evict=tuple(evict))
+
+    def _room_for(self, key: str, size: int, now: float) -> list[str] | None:
+        """Copies to evict, least recently asked first, so that ``key`` at ``size`` bytes
+        fits; None when it cannot without evicting one in use."""
+        settings = self.settings
+        if size > settings.max_bytes:
+            return None
+        current = self._copies.get(key)
+        count = len(self._copies) + (current is None)
+        total = self._bytes + size - (current.size if current is not None else 0)
+        evict: list[str] = []
+        for other, copy in self._copies.items():
+            if count <= settings.max_copies and total <= settings.max_bytes:
+                break
+            if other == key or copy.revalidating or now - copy.asked_at <= settings.in_use_for:
+                continue
+            evict.append(other)
+            count -= 1
+            total -= copy.size
+        if count > settings.max_copies or total > settings.max_bytes:
+            return None
+        return evict
+
+    def confirmed(self, key: str, document: CachedDocument) -> None:
+        """The apiserver just answered 304 to the ETag of ``key``'s copy, ``document``."""
+        copy = self._copies.get(key)
+        if copy is not None:
+            if copy.digest is None:
+                copy.digest = _digest(document.body)
+            self._confirm(copy, document, self.clock())
+
+    def _confirm(self, copy: _Copy, document: CachedDocument, now: float) -> None:
+        copy.document = document if self.settings.answering else None
+        copy.confirmed_at = now
+
+    def forget(self, key: str) -> bool:
+        """The apiserver no longer serves ``key`` (or it grew too large): no longer kept.
+        Whether it was (then the caller deletes it from the store)."""
+        if key not in self._copies:
+            return False
+        self._remove(key)
+        self._account()
+        return True
+
+    def unconfirmed(self, key: str) -> None:
+        """The apiserver answered ``key`` with an error: the next request is passed through
+        and sees it (the stored copy still serves offline)."""
+        copy = self._copies.get(key)
+        if copy is not None:
+            copy.confirmed_at = -math.inf
+
+    def _remove(self, key: str) -> None:
+        copy = self._copies.pop(key)
+        self._bytes -= copy.size
+
+    def _account(self) -> None:
+        self.metrics.discovery_copies.set(len(self._copies))
+        self.metrics.discovery_copy_bytes.set(self._bytes)
+
+    def remember(self, stored: Iterable[tuple[str, int]]) -> list[str]:
+        """Copies stored by an earlier run, ``(key, bytes)`` oldest first: kept confirmed from
+        now on (their documents are read from the store by the first revalidation). Returns
+        the keys to delete from the store: those this build would not store (a query it
+        leaves out) and, oldest first, those past the bounds."""
+        now = self.clock()
+        # Counted as asked just before the in-use window: kept confirmed for ``keep_for``,
+        # evictable at once.
+        asked_at = now - self.settings.in_use_for - 1.0
+        dropped: list[str] = []
+        for key, size in stored:
+            if not is_canonical_key(key):
+                dropped.append(key)
+                continue
+            self._copies[key] = _Copy(size=size, digest=None, document=None, asked_at=asked_at)
+            self._bytes += size
+        settings = self.settings
+        while len(self._copies) > settings.max_copies or self._bytes > settings.max_bytes:
+            oldest = next(iter(self._copies))
+            self._remove(oldest)
+            dropped.append(oldest)
+        self._account()
+        return dropped
 
     def api_changed(self) -> None:
         """A write changed which APIs are served (:func:`changes_discovery`)."""
         self._quiet_until = self.clock() + self.settings.quiet_after_change
 
-    def due(self) -> list[tuple[str, CachedDocument | None]]:
-        """Copies to revalidate now: asked within ``keep_for``, confirmed more than half of
-        ``max_age`` ago, not too large without an ETag, not being revalidated already.
-        Copies nobody asked for within ``keep_for`` are dropped."""
+    def due(self, *, limit: int) -> list[tuple[str, CachedDocument | None]]:
+        """At most ``limit`` copies to revalidate now, the most recently asked first: asked
+        within ``keep_for``, confirmed more than half of ``max_age`` ago (an immutable one:
+        never yet), not too large without an ETag, not being revalidated already."""
         now = self.clock()
         settings = self.settings
         due: list[tuple[str, CachedDocument | None]] = []
-        for key, copy in list(self._copies.items()):
-            if now - copy.asked_at > settings.keep_for:
-                del self._copies[key]
-                continue
-            document = copy.document
+        for key in reversed(self._copies):
+            copy = self._copies[key]
+            if len(due) >= limit or now - copy.asked_at > settings.keep_for:
+                break  # the rest were asked even longer ago
             if copy.revalidating or now - copy.confirmed_at <= settings.max_age / 2:
                 continue
-            large = document is not None and len(document.body) > settings.keep_max_bytes
-            if large and document is not None and document.etag is None:
+            if copy.immutable and copy.confirmed_at > -math.inf:
                 continue
-            due.append((key, document))
+            if copy.size > settings.keep_max_bytes and not _has_etag(copy):
+                continue
+            due.append((key, copy.document))
         return due
 
     def revalidating(self, key: str, *, busy: bool) -> None:
@@ -209,89 +536,33 @@ class DiscoveryCopies:
             copy.revalidating = busy
 
 
-def is_discovery_path(path: str) -> bool:
-    """``/version``, ``/api``, ``/api/V``, ``/apis``, ``/apis/G``, ``/apis/G/V``,
-    ``/openapi/v2``, ``/openapi/v3`` and everything below ``/openapi/v3/``."""
-    if path in ("/version", "/api", "/apis", "/openapi/v2", "/openapi/v3"):
-        return True
-    if path.startswith("/openapi/v3/"):
-        return True
-    parts = path.split("/")  # ["", "api", "v1"]
-    if len(parts) == 3 and parts[1] == "api":
-        return bool(parts[2])
-    if len(parts) in (3, 4) and parts[1] == "apis":
-        return all(parts[2:])
-    return False
+def _has_etag(copy: _Copy) -> bool:
+    """Unknown (not read from the store yet) counts as having one: the first revalidation
+    reads it."""
+    return copy.document is None or copy.document.etag is not None
 
 
-def is_plain_health_check(path: str, query: str) -> bool:
-    """``/healthz``, ``/livez`` or ``/readyz`` without a query (``?verbose``, named checks
-    and ``?exclude=`` are always passed through)."""
-    return path in ("/healthz", "/livez", "/readyz") and not query
-
-
-def discovery_key(*, path: str, query: Iterable[tuple[str, str]], accept: str) -> str:
-    """``path?sorted-query|Accept``: the answer depends on exactly these (aggregated
-    discovery and the openapi documents are negotiated by Accept)."""
-    encoded = urllib.parse.urlencode(sorted(query), quote_via=urllib.parse.quote)
-    return f"{path}?{encoded}|{accept}"
-
-
-def parse_discovery_key(key: str) -> tuple[str, str]:
-    """``(path?query, Accept)`` of a :func:`discovery_key`: what to ask the apiserver to
-    revalidate it."""
-    target, _, accept = key.partition("|")
-    return target.removesuffix("?"), accept
-
-
-def changes_discovery(path: str) -> bool:
-    """A write to this path changes what discovery says: CustomResourceDefinitions and
-    APIServices (and their status, which makes them Established / Available)."""
-    return path.startswith(
-        (
-            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
-            "/apis/apiregistration.k8s.io/v1/apiservices",
-        )
-    )
-
-
-def _etag_matches(if_none_match: str | None, etag: str | None) -> bool:
-    """Weak comparison (RFC 9110 §13.1.2), as Go's ``checkIfNoneMatch``."""
-    if not if_none_match or not etag:
-        return False
-    if if_none_match.strip() == "*":
-        return True
-    ours = etag.strip().removeprefix("W/")
-    return any(
-        candidate.strip().removeprefix("W/") == ours for candidate in if_none_match.split(",")
-    )
-
-
-# ------------------------------------------------------------------------- discovery
+# ------------------------------------------------------------------------- serving
 
 
 async def serve_discovery(
     request: web.Request,
     *,
+    key: str,
     upstream: Upstream,
     credentials: Credentials,
     cache: DiscoveryCache,
+    copies: DiscoveryCopies,
     breaker: CircuitBreaker | None,
     settings: PassthroughSettings,
-    copies: DiscoveryCopies | None = None,
     admit_offline: Admit | None = None,
     offline: Offline | None = None,
 ) -> web.StreamResponse:
-    """Answer a discovery GET (or a plain health check) from a confirmed copy (``copies``, see
-    the module docstring), or forward it (with the client's If-None-Match) and store a 200
-    answer. When the apiserver cannot be reached: ``offline``'s answer if given, else the
-    stored document."""
-    key = discovery_key(
-        path=request.path,
-        query=request.query.items(),
-        accept=", ".join(request.headers.getall("Accept", [])),
-    )
-    if copies is not None and copies.settings.max_age > 0:
+    """Answer a discovery GET (or a plain health check) whose copy is ``key`` from a
+    confirmed copy (see the module docstring), or forward it (with the client's
+    If-None-Match) and keep a 200 answer. When the apiserver cannot be reached:
+    ``offline``'s answer if given, else the stored document."""
+    if copies.settings.answering:
         copy = copies.answer(key)
         if copy is not None:
             upstream.metrics.discovery_answers.labels(source="copy").inc()
@@ -315,30 +586,43 @@ async def serve_discovery(
         if offline is not None:
             count(upstream, "GET", "error")
             return await offline(request, error)
-        document = await _cached(cache, key)
-        if document is None:
-            count(upstream, "GET", "error")
-            return unavailable(error)
-        if admit_offline is not None:
-            try:
-                await admit_offline(request)
-            except StatusError as refused:
-                count(upstream, "GET", refused.code)
-                return status_response(refused)
-        logger.info("apiserver unreachable (%s); serving %s from the discovery cache", error, key)
-        upstream.metrics.discovery_answers.labels(source="stored").inc()
-        cached = _serve_cached(request, document)
-        count(upstream, "GET", cached.status)
-        return cached
+        return await _serve_stored(
+            request, key, error, upstream=upstream, cache=cache, admit=admit_offline
+        )
     upstream.metrics.discovery_answers.labels(source="apiserver").inc()
     if collector.complete and collector.status == 200:
-        document = _document(collector.headers, collector.body)
-        await _store(cache, key, document)
-        if copies is not None:
-            copies.confirmed(key, document)
-    elif copies is not None:
+        await _keep(copies, cache, key, _document(collector.headers, collector.body))
+    else:
         copies.asked(key)
     return response
+
+
+async def _serve_stored(
+    request: web.Request,
+    key: str,
+    error: UpstreamUnavailable,
+    *,
+    upstream: Upstream,
+    cache: DiscoveryCache,
+    admit: Admit | None,
+) -> web.StreamResponse:
+    """The apiserver is unreachable: the stored document, however old, to an admitted
+    client; else the 503 (or the admission's refusal)."""
+    document = await _cached(cache, key)
+    if document is None:
+        count(upstream, "GET", "error")
+        return unavailable(error)
+    if admit is not None:
+        try:
+            await admit(request)
+        except StatusError as refused:
+            count(upstream, "GET", refused.code)
+            return status_response(refused)
+    logger.info("apiserver unreachable (%s); serving %s from the discovery cache", error, key)
+    upstream.metrics.discovery_answers.labels(source="stored").inc()
+    cached = _serve_cached(request, document)
+    count(upstream, "GET", cached.status)
+    return cached
 
 
 def _document(headers: Iterable[tuple[str, str]], body: bytes) -> CachedDocument:
@@ -347,11 +631,22 @@ def _document(headers: Iterable[tuple[str, str]], body: bytes) -> CachedDocument
     return CachedDocument(status=200, headers=kept, body=body, etag=etag)
 
 
-async def _store(cache: DiscoveryCache, key: str, document: CachedDocument) -> None:
-    try:
-        await cache.put(key, document)
-    except Exception:  # the client has its answer; a cache failure must not matter
-        logger.exception("Cannot store discovery document %s", key)
+async def _keep(
+    copies: DiscoveryCopies,
+    cache: DiscoveryCache,
+    key: str,
+    document: CachedDocument,
+    *,
+    asked: bool = True,
+) -> Kept:
+    """Account for a 200 answer (``DiscoveryCopies.keep``) and store what it says."""
+    kept = copies.keep(key, document, asked=asked)
+    if kept.write:
+        try:
+            await cache.put(key, document, evict=kept.evict)
+        except Exception:  # the client has its answer; a cache failure must not matter
+            logger.exception("Cannot store discovery document %s", key)
+    return kept
 
 
 # ------------------------------------------------------------------------- keeping copies
@@ -366,9 +661,12 @@ async def keep_confirmed(
     settings: PassthroughSettings,
 ) -> None:
     """Revalidate due copies (``DiscoveryCopies.due``) with warmwatch's own credentials until
-    cancelled. Does nothing while answering from copies is off or the breaker is open: copies
-    then go unconfirmed and requests are passed through (or answered from the store)."""
+    cancelled, at most ``revalidation_rate`` a second: each pass starts at most that many
+    times its period, and the next pass begins a period after the last one ended. Does
+    nothing while answering from copies is off or the breaker is open: copies then go
+    unconfirmed and requests are passed through (or answered from the store)."""
     period = max(copies.settings.max_age / 4, 0.25)
+    per_pass = max(1, math.floor(copies.settings.revalidation_rate * period))
     gate = asyncio.Semaphore(copies.settings.concurrency)
 
     async def one(key: str, document: CachedDocument | None) -> None:
@@ -378,7 +676,7 @@ async def keep_confirmed(
                 await revalidate(
                     copies, key, document, upstream=upstream, cache=cache, settings=settings
                 )
-            except UpstreamUnavailable as error:
+            except UpstreamError as error:  # unreachable, or its connections all in use
                 logger.debug("Revalidating discovery %s: %s", key, error)
                 upstream.metrics.discovery_revalidations.labels(result="error").inc()
             finally:
@@ -386,11 +684,11 @@ async def keep_confirmed(
 
     while True:
         await asyncio.sleep(period)
-        if copies.settings.max_age <= 0:
+        if not copies.settings.answering:
             continue
         if breaker is not None and breaker.state is BreakerState.OPEN:
             continue
-        due = copies.due()
+        due = copies.due(limit=per_pass)
         if due:
             await asyncio.gather(*(one(key, document) for key, document in due))
 
@@ -405,8 +703,9 @@ async def revalidate(
     settings: PassthroughSettings,
 ) -> None:
     """Ask the apiserver for ``key`` again (conditionally when the copy has an ETag): the
-    same answer confirms the copy, a new one replaces it (in the store too), anything but
-    200/304 forgets it, so the next client request is passed through and gets that answer."""
+    same answer confirms the copy, a new one replaces it (in the store too), a 404 or 410
+    (the API is gone) or a document grown too large deletes it, and any other answer leaves
+    it unconfirmed, so the next client request is passed through and gets that answer."""
     if document is None:
         document = await _cached(cache, key)
     target, accept = parse_discovery_key(key)
@@ -427,14 +726,17 @@ async def revalidate(
             metric.labels(result="unchanged").inc()
             return
         if response.status != 200:
-            copies.forget(key)
+            if response.status in (404, 410):
+                await _forget(copies, cache, key)
+            else:
+                copies.unconfirmed(key)
             metric.labels(result="gone").inc()
             return
         body = bytearray()
         async for chunk in response.content.iter_any():
             body += chunk
             if len(body) > settings.discovery_max_bytes:
-                copies.forget(key)
+                await _forget(copies, cache, key)
                 metric.labels(result="too large").inc()
                 return
         fresh = _document(forwarded_response_headers(response.headers), bytes(body))
@@ -442,9 +744,16 @@ async def revalidate(
         copies.confirmed(key, document)
         metric.labels(result="unchanged").inc()
         return
-    await _store(cache, key, fresh)
-    copies.confirmed(key, fresh)
-    metric.labels(result="changed").inc()
+    kept = await _keep(copies, cache, key, fresh, asked=False)
+    metric.labels(result="unchanged" if kept.same else "changed").inc()
+
+
+async def _forget(copies: DiscoveryCopies, cache: DiscoveryCache, key: str) -> None:
+    if copies.forget(key):
+        try:
+            await cache.drop([key])
+        except Exception:
+            logger.exception("Cannot delete discovery document %s", key)
 
 
 async def _cached(cache: DiscoveryCache, key: str) -> CachedDocument | None:

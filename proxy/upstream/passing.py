@@ -35,8 +35,7 @@ from proxy.upstream.discovering import (
     DiscoveryCopies,
     changes_discovery,
     discovery_key,
-    is_discovery_path,
-    is_plain_health_check,
+    request_key,
     serve_discovery,
 )
 from proxy.upstream.errors import UpstreamAuthError, UpstreamUnavailable
@@ -61,7 +60,6 @@ __all__ = [
     "PassthroughSettings",
     "WriteObserver",
     "discovery_key",
-    "is_discovery_path",
     "is_long_running",
     "pass_through",
     "status_response",
@@ -97,8 +95,9 @@ async def pass_through(
     """Answer ``request`` with the apiserver's answer (see the module docstring).
 
     ``discovery``: where discovery GETs are stored and, when the apiserver is unreachable,
-    served from; None disables that. ``copies``: which stored documents may be answered
-    without asking the apiserver (``discovering``); None: none. ``discovery_offline``: who
+    served from, with ``copies``, the account of what is stored (within its bounds) and may
+    be answered without asking the apiserver (``discovering``); without both discovery is
+    passed through like any request. ``discovery_offline``: who
     may be answered a stored document while the apiserver is unreachable (None: anyone).
     ``breaker``: while it is open, the apiserver counts as
     unreachable without a try. ``offline``: the answer when the apiserver is unreachable;
@@ -155,18 +154,17 @@ async def _dispatch(
         return refused
     # Any other Upgrade (e.g. curl's h2c) is ignored, as a server may: it is hop-by-hop and
     # not forwarded, and the request proceeds as HTTP/1.1.
-    kept = is_discovery_path(request.path) or is_plain_health_check(
-        request.path, request.query_string
-    )
-    if discovery is not None and verb == "GET" and kept:
+    key = request_key(request) if verb == "GET" else None
+    if key is not None and discovery is not None and copies is not None:
         return await serve_discovery(
             request,
+            key=key,
             upstream=upstream,
             credentials=credentials,
             cache=discovery,
+            copies=copies,
             breaker=breaker,
             settings=settings,
-            copies=copies,
             admit_offline=discovery_offline,
             offline=offline,
         )

@@ -66,14 +66,14 @@ async def test_not_ready_before_the_api_port_is_open(
     the API port opened; kube-controller-manager started on it had its first connections
     refused and synced a second later."""
     reached, release = asyncio.Event(), asyncio.Event()
-    document_keys = Store.document_keys
+    document_sizes = Store.document_sizes
 
-    async def held_document_keys(self: Store) -> list[str]:  # just before the API port opens
+    async def held_document_sizes(self: Store) -> list[tuple[str, int]]:  # before the API port
         reached.set()
         await release.wait()
-        return await document_keys(self)
+        return await document_sizes(self)
 
-    monkeypatch.setattr(Store, "document_keys", held_document_keys)
+    monkeypatch.setattr(Store, "document_sizes", held_document_sizes)
     kubeconfig = token_kubeconfig(tmp_path / "kc", server="http://127.0.0.1:9", token="t")
     app, health = app_on_free_ports(tmp_path, kubeconfig=str(kubeconfig))
     starting = asyncio.create_task(app.start())

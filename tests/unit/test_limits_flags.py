@@ -10,6 +10,7 @@ import pytest
 from proxy.__main__ import parser, raise_open_files_limit, settings_from
 from proxy.serve.limiting import Limits
 from proxy.upstream.delegating import DelegationSettings
+from proxy.upstream.discovering import DiscoverySettings
 
 
 def test_defaults_are_the_documented_ones() -> None:
@@ -75,6 +76,17 @@ def test_token_review_budget_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (delegation.review_rate, delegation.review_burst) == (2.5, 7)
     with pytest.raises(ValueError, match="--auth-review-rate and --auth-review-burst"):
         settings_from(parser().parse_args(["--auth-review-rate=0"]))
+
+
+def test_the_discovery_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert settings_from(parser().parse_args([])).discovery == DiscoverySettings()
+    monkeypatch.setenv("WARMWATCH_DISCOVERY_MAX_BYTES", "4096")
+    args = parser().parse_args(["--discovery-max-copies=5", "--discovery-max-age=2"])
+    assert settings_from(args).discovery == DiscoverySettings(
+        max_age=2.0, max_copies=5, max_bytes=4096
+    )
+    with pytest.raises(ValueError, match="--discovery-max-copies must be positive"):
+        settings_from(parser().parse_args(["--discovery-max-copies=0"]))
 
 
 def test_the_open_files_limit_is_raised_to_the_hard_one() -> None:

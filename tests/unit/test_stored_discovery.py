@@ -24,6 +24,12 @@ def document(body: object) -> CachedDocument:
     )
 
 
+def key(path: str, *, query: str = "", accept: str = "") -> str:
+    made = discovery_key(path=path, query=query, accept=accept, user_agent="")
+    assert made is not None
+    return made
+
+
 def aggregated(*resources: str) -> CachedDocument:
     return document(
         {
@@ -45,14 +51,14 @@ async def test_documents_stored_or_read_back_name_resources(tmp_path: Path) -> N
     try:
         names = ResourceNames()
         stored = StoredDiscovery(store, resources=names)
-        apis = discovery_key(path="/apis", query=[("timeout", "32s")], accept=AGGREGATED)
+        apis = key("/apis", query="timeout=32s", accept=AGGREGATED)
         await stored.put(apis, aggregated("deployments", "statefulsets"))
         assert names.label("apps/v1/deployments") == "apps/v1/deployments"
         assert names.label("x1.example/v1/r1q") == OTHER
 
         # The same path in another representation (APIGroupList) names nothing: kept.
         groups = document({"kind": "APIGroupList", "groups": [{"name": "apps"}]})
-        await stored.put(discovery_key(path="/apis", query=[], accept=""), groups)
+        await stored.put(key("/apis"), groups)
         assert names.label("apps/v1/statefulsets") == "apps/v1/statefulsets"
 
         # A new answer replaces what the path named.
@@ -61,7 +67,7 @@ async def test_documents_stored_or_read_back_name_resources(tmp_path: Path) -> N
 
         # A path that names no resources is not read (an OpenAPI document is MiBs).
         fake = aggregated("made-up")
-        await stored.put(discovery_key(path="/openapi/v2", query=[], accept=""), fake)
+        await stored.put(key("/openapi/v2"), fake)
         assert names.label("apps/v1/made-up") == OTHER
 
         # Read back from the file (a revalidation, or an offline start after a restart).

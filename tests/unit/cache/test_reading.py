@@ -193,7 +193,7 @@ def test_single_reads(db: sqlite3.Connection) -> None:
     assert reading.present(db, shape_id=1, keys=keys) == (("a", "x"), ("b", "y"))
     assert reading.object_counts(db) == {1: 2}
     assert reading.get_document(db, key="/apis?|") is None
-    assert reading.document_keys(db) == []
+    assert reading.document_sizes(db) == []
 
 
 def test_objects_looked_up_by_key_are_each_one_seek(db: sqlite3.Connection) -> None:

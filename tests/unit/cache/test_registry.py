@@ -64,7 +64,19 @@ def test_a_discovery_document_is_replaced_whole(empty: sqlite3.Connection) -> No
     writing.put_document(empty, key="/api", status=200, headers=b"[1]", body=b"{1}", etag="e")
     assert reading.get_document(empty, key="/api") == (200, b"[1]", b"{1}", "e")
     assert reading.get_document(empty, key="/apis") is None
-    assert reading.document_keys(empty) == ["/api"]
+    assert reading.document_sizes(empty) == [("/api", 3)]
+
+
+def test_evicted_documents_go_in_the_same_transaction(empty: sqlite3.Connection) -> None:
+    for key, body in (("/a", b"1"), ("/b", b"22"), ("/c", b"333")):
+        writing.put_document(empty, key=key, status=200, headers=b"[]", body=body, etag="")
+    assert [key for key, _ in reading.document_sizes(empty)] == ["/a", "/b", "/c"]  # oldest first
+    writing.put_document(
+        empty, key="/d", status=200, headers=b"[]", body=b"4444", etag="", evict=["/a", "/b"]
+    )
+    assert reading.document_sizes(empty) == [("/c", 3), ("/d", 4)]
+    writing.drop_documents(empty, keys=["/c", "/never-stored"])
+    assert reading.document_sizes(empty) == [("/d", 4)]
 
 
 async def test_shapes_asked_for_while_the_writer_is_busy_are_inserted_together(

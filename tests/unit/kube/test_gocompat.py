@@ -5,11 +5,14 @@ from __future__ import annotations
 import pytest
 
 from proxy.kube.gocompat import (
+    GoDurationError,
     GoNumError,
     go_json,
     go_json_syntax_error,
     go_quote,
     origin_form,
+    parse_bool,
+    parse_duration,
     parse_int64,
     parse_query,
     parse_uint64,
@@ -202,3 +205,57 @@ def test_origin_form_of_an_absolute_target_as_go_routes_it(
 )
 def test_go_json_syntax_error(data: bytes, error: str | None) -> None:
     assert go_json_syntax_error(data) == error
+
+
+# Go 1.26's time.ParseDuration on each (int64 nanoseconds, or an error).
+@pytest.mark.parametrize(
+    ("text", "nanoseconds"),
+    [
+        ("32s", 32_000_000_000),
+        ("0", 0),
+        ("-0", 0),
+        ("+0", 0),
+        ("1h2m3.5s", 3_723_500_000_000),
+        ("1.5h", 5_400_000_000_000),
+        (".5s", 500_000_000),
+        ("5.s", 5_000_000_000),
+        ("1\u00b5s", 1000),
+        ("1\u03bcs", 1000),
+        ("0.3h", 1_080_000_000_000),
+        ("1.0000000000000000000000001s", 1_000_000_000),
+        ("9223372036854775807ns", 9_223_372_036_854_775_807),
+        ("-9223372036854775808ns", -9_223_372_036_854_775_808),
+        ("2562047h", 9_223_369_200_000_000_000),
+        ("1", None),
+        ("s", None),
+        ("", None),
+        ("-", None),
+        (".s", None),
+        ("1x", None),
+        ("10s ", None),
+        ("9223372036854775808ns", None),
+        ("2562048h", None),
+    ],
+)
+def test_parse_duration_like_go(text: str, nanoseconds: int | None) -> None:
+    if nanoseconds is None:
+        with pytest.raises(GoDurationError):
+            parse_duration(text)
+    else:
+        assert parse_duration(text) == nanoseconds
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        *((text, True) for text in ("1", "t", "T", "TRUE", "true", "True")),
+        *((text, False) for text in ("0", "f", "F", "FALSE", "false", "False")),
+        *((text, None) for text in ("tRuE", "yes", "", "fAlse")),
+    ],
+)
+def test_parse_bool_like_go(text: str, value: bool | None) -> None:
+    if value is None:
+        with pytest.raises(GoNumError, match=r"strconv\.ParseBool"):
+            parse_bool(text)
+    else:
+        assert parse_bool(text) is value

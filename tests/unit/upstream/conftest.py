@@ -12,7 +12,7 @@ import ssl
 import sys
 import textwrap
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from aiohttp import web
 from loadtest import pki as pki_module
 from proxy.metrics import Metrics
 from proxy.upstream.connecting import ConnectionSettings, Upstream, connect
-from proxy.upstream.discovering import Admit
+from proxy.upstream.discovering import Admit, DiscoverySettings
 from proxy.upstream.passing import (
     CachedDocument,
     DiscoveryCopies,
@@ -462,8 +462,13 @@ class MemoryDiscoveryCache:
     async def get(self, key: str) -> CachedDocument | None:
         return self.documents.get(key)
 
-    async def put(self, key: str, doc: CachedDocument) -> None:
+    async def put(self, key: str, doc: CachedDocument, *, evict: Sequence[str] = ()) -> None:
+        await self.drop(evict)
         self.documents[key] = doc
+
+    async def drop(self, keys: Sequence[str]) -> None:
+        for key in keys:
+            del self.documents[key]
 
 
 @dataclass
@@ -489,6 +494,8 @@ async def start_proxy(
     discovery_offline: Admit | None = None,
 ) -> Proxy:
     cache = discovery if discovery is not None else MemoryDiscoveryCache()
+    if copies is None:  # stored within the bounds, never answered from
+        copies = DiscoveryCopies(settings=DiscoverySettings(max_age=0), metrics=upstream.metrics)
 
     async def handler(request: web.Request) -> web.StreamResponse:
         return await pass_through(
