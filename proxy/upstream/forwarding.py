@@ -159,7 +159,7 @@ def _connection_tokens(values: Iterable[str]) -> frozenset[str]:
     )
 
 
-STATUS: Final = "warmwatch.status"
+STATUS: Final = web.ResponseKey("warmwatch.status", StatusError)
 """The StatusError an answer of :func:`status_response` carries: the serving layer writes it
 again in the encoding the client negotiated (``serve/routing.statuses``)."""
 
