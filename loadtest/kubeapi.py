@@ -141,6 +141,42 @@ def configmap(
     return body
 
 
+def custom_resource_definition(
+    *, group: str, kind: str, labels: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """A namespaced CRD ``<kind>s.<group>`` (lower case) served and stored as ``v1``,
+    schema-less (any field is kept)."""
+    singular = kind.lower()
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{singular}s.{group}", "labels": dict(labels or {})},
+        "spec": {
+            "group": group,
+            "scope": "Namespaced",
+            "names": {
+                "plural": f"{singular}s",
+                "singular": singular,
+                "kind": kind,
+                "listKind": f"{kind}List",
+            },
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "x-kubernetes-preserve-unknown-fields": True,
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
 async def service_account_token(client: RawClient, *, namespace: str, account: str) -> str:
     """A bearer token of the service account (a TokenRequest, valid for an hour)."""
     answer = await client.create(

@@ -270,7 +270,10 @@ class Store:
         async with self._write_lock:
             self._inserting = None  # shapes asked for from now on go into the next insert
             new, self._new_shapes = self._new_shapes, {}
-            rows = await self._write_locked(writing.insert_shapes, shapes=new)
+            # A shape asked for again while the previous insert was on the writer's thread
+            # was not known yet, and is in this batch too: it is now.
+            new = {key: configured for key, configured in new.items() if key not in self.shapes}
+            rows = await self._write_locked(writing.insert_shapes, shapes=new) if new else []
         for row in rows:
             self._remember(row, how="new")
 

@@ -382,6 +382,16 @@ class DiscoveryCopies:
             return None
         return copy.document
 
+    def variants(self, key: str) -> list[str]:
+        """The stored copies of the same document (path and kept query) as ``key``, asked
+        with other ``Accept`` headers: the most recently asked first."""
+        document = key.partition("|")[0]
+        return [
+            other
+            for other in reversed(self._copies)
+            if other != key and other.partition("|")[0] == document
+        ]
+
     def asked(self, key: str) -> None:
         """``key`` was asked and passed through, with no document to keep (not a 200)."""
         self._ask(key, self.clock())
@@ -587,7 +597,13 @@ async def serve_discovery(
             count(upstream, "GET", "error")
             return await offline(request, error)
         return await _serve_stored(
-            request, key, error, upstream=upstream, cache=cache, admit=admit_offline
+            request,
+            key,
+            error,
+            upstream=upstream,
+            cache=cache,
+            copies=copies,
+            admit=admit_offline,
         )
     upstream.metrics.discovery_answers.labels(source="apiserver").inc()
     if collector.complete and collector.status == 200:
@@ -604,11 +620,17 @@ async def _serve_stored(
     *,
     upstream: Upstream,
     cache: DiscoveryCache,
+    copies: DiscoveryCopies,
     admit: Admit | None,
 ) -> web.StreamResponse:
     """The apiserver is unreachable: the stored document, however old, to an admitted
-    client; else the 503 (or the admission's refusal)."""
+    client; else the 503 (or the admission's refusal). Without a copy for the client's own
+    ``Accept``, a copy asked with another one whose media type the client accepts serves
+    too (a typed client-go controller asks for protobuf first and accepts JSON: it starts
+    from what a JSON client of the same pod stored)."""
     document = await _cached(cache, key)
+    if document is None:
+        document = await _acceptable_variant(request, key, cache=cache, copies=copies)
     if document is None:
         count(upstream, "GET", "error")
         return unavailable(error)
@@ -623,6 +645,38 @@ async def _serve_stored(
     cached = _serve_cached(request, document)
     count(upstream, "GET", cached.status)
     return cached
+
+
+async def _acceptable_variant(
+    request: web.BaseRequest, key: str, *, cache: DiscoveryCache, copies: DiscoveryCopies
+) -> CachedDocument | None:
+    """The first stored variant of ``key``'s document whose media type matches one of the
+    request's ``Accept`` ranges, taken in the client's order."""
+    stored = [d for d in [await _cached(cache, k) for k in copies.variants(key)] if d is not None]
+    for media_range in ", ".join(request.headers.getall("Accept", [])).split(","):
+        wanted = _media_type(media_range)
+        for document in stored:
+            content_type = next((v for k, v in document.headers if k.lower() == "content-type"), "")
+            if _matches(wanted, _media_type(content_type)):
+                return document
+    return None
+
+
+def _media_type(text: str) -> tuple[str, dict[str, str]]:
+    """A media type and its parameters (lower-cased names), e.g. ``application/json;g=...``."""
+    kind, *parameters = text.split(";")
+    pairs = (p.partition("=") for p in parameters)
+    return kind.strip().lower(), {n.strip().lower(): v.strip().strip('"') for n, _, v in pairs}
+
+
+def _matches(wanted: tuple[str, dict[str, str]], offered: tuple[str, dict[str, str]]) -> bool:
+    """``offered`` (a stored answer's type) satisfies the range ``wanted``: the same type (or
+    a wildcard), and the same ``g``, ``v`` and ``as`` (aggregated discovery is a
+    transformation: a range without them wants the plain document, and gets no other)."""
+    kind, parameters = wanted
+    if kind not in ("*/*", offered[0]) and kind != offered[0].split("/")[0] + "/*":
+        return False
+    return all(offered[1].get(name) == parameters.get(name) for name in ("g", "v", "as"))
 
 
 def _document(headers: Iterable[tuple[str, str]], body: bytes) -> CachedDocument:

@@ -297,3 +297,41 @@ async def test_warm_restart_while_apiserver_down(
     print(f"caught up {time.monotonic() - caught_up:.1f} s after the apiserver returned")
     assert second.running
     report_traffic(sidecar)
+
+
+async def test_starts_offline_from_json_collections(
+    plane: ControlPlane,
+    start_sidecar: Callable[..., Sidecar],
+    start_kcm: StartKcm,
+) -> None:
+    """kube-controller-manager reads in protobuf. Its pod ran before with a JSON client set
+    (here the same controllers with ``--kube-api-content-type=application/json``), so
+    warmwatch holds JSON collections and JSON discovery documents only. Restarted while the
+    apiserver is down, the protobuf controller-manager syncs from those: a client that
+    accepts JSON is answered from a warm JSON collection and a stored JSON discovery document
+    rather than refused."""
+    sidecar = start_sidecar()
+    json_kcm = start_kcm(
+        kubeconfig=sidecar.kubeconfig, extra=["--kube-api-content-type=application/json"]
+    )
+    json_kcm.wait_synced(SYNC_TIMEOUT)
+    json_kcm.stop()
+    assert sidecar.stop() == 0
+    learned = [line for line in sidecar.log.read_text().splitlines() if "(new, learned)" in line]
+    in_protobuf = {line.split()[-2] for line in learned if line.endswith(" protobuf")}
+    # Its apiextensions and apiregistration clients ask for protobuf whatever the flag says.
+    assert in_protobuf <= {
+        "apiextensions.k8s.io/v1/customresourcedefinitions",
+        "apiregistration.k8s.io/v1/apiservices",
+    }, in_protobuf
+    assert len(learned) - len(in_protobuf) > 30
+    plane.stop_apiserver()
+    try:
+        sidecar.restart(wait_ready=True)
+        offline_kcm = start_kcm(kubeconfig=sidecar.kubeconfig)
+        offline = offline_kcm.wait_synced(SYNC_TIMEOUT)
+        print(f"protobuf kube-controller-manager synced from JSON collections in {offline:.1f} s")
+        assert not plane.status().get("kube-apiserver")  # really synced offline
+    finally:
+        plane.start_apiserver()
+    assert offline_kcm.running

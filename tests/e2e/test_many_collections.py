@@ -49,35 +49,9 @@ ANSWER_BOUND = 1.0
 
 
 def _crd(group: int, kind: int) -> dict[str, Any]:
-    name = f"thing{kind}"
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{name}s.g{group}.many.warmwatch.test", "labels": CRD_LABEL},
-        "spec": {
-            "group": f"g{group}.many.warmwatch.test",
-            "scope": "Namespaced",
-            "names": {
-                "plural": f"{name}s",
-                "singular": name,
-                "kind": f"Thing{kind}",
-                "listKind": f"Thing{kind}List",
-            },
-            "versions": [
-                {
-                    "name": "v1",
-                    "served": True,
-                    "storage": True,
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "x-kubernetes-preserve-unknown-fields": True,
-                        }
-                    },
-                }
-            ],
-        },
-    }
+    return kubeapi.custom_resource_definition(
+        group=f"g{group}.many.warmwatch.test", kind=f"Thing{kind}", labels=CRD_LABEL
+    )
 
 
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
@@ -246,6 +220,21 @@ def _unpooled() -> aiohttp.ClientSession:
     )
 
 
+LEARNED_RSS_BOUND = 64 << 20
+"""What 115 learned collections (three objects each) may add to warmwatch's memory: their
+reflectors, upstream connections and logs' rings."""
+LEARNED_DB_BOUND = 16 << 20
+"""...and to its database and write-ahead log."""
+
+
+def _db_bytes(sidecar: Sidecar) -> int:
+    return sum(
+        path.stat().st_size
+        for path in (sidecar.db, sidecar.db.with_name(sidecar.db.name + "-wal"))
+        if path.exists()
+    )
+
+
 PER_WATCH_BOUND = 256 * 1024
 """Memory a passed-through watch may cost warmwatch (its two sockets, their buffers, a task);
 measured: 93-94 KiB."""
@@ -299,9 +288,14 @@ async def test_one_client_cannot_take_the_apiserver_from_the_others(
                 await answer.read()
                 return answer.status
 
+        rss, db = sidecar.rss_bytes(), _db_bytes(sidecar)
         codes = await asyncio.gather(*(listed(i) for i in range(115)))
         assert set(codes) == {200}, codes
         assert sidecar.metric("warmwatch_upstream_connections", {"purpose": "reflector"}) >= 115
+        grown, stored = sidecar.rss_bytes() - rss, _db_bytes(sidecar) - db
+        print(f"115 learned collections: RSS +{grown >> 20} MiB, database +{stored >> 10} KiB")
+        assert grown < LEARNED_RSS_BOUND
+        assert stored < LEARNED_DB_BOUND
 
         # A client warmwatch has not seen yet: its token and its read are reviewed upstream.
         newcomer = await _reader(admin_api, namespace, "newcomer")

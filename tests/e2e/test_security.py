@@ -57,15 +57,7 @@ def _ssl(plane: ControlPlane) -> ssl.SSLContext:
 
 
 async def _token(admin: kubeapi.RawClient, namespace: str, account: str) -> str:
-    answer = await admin.create(
-        f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token",
-        {
-            "apiVersion": "authentication.k8s.io/v1",
-            "kind": "TokenRequest",
-            "spec": {"expirationSeconds": 3600},
-        },
-    )
-    return str(answer["status"]["token"])
+    return await kubeapi.service_account_token(admin, namespace=namespace, account=account)
 
 
 def _rule(*verbs: str, resource: str = "configmaps") -> dict[str, Any]:

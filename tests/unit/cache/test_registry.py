@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -149,3 +150,36 @@ async def test_each_shape_is_logged_once_with_its_id_and_cut_selectors(
         assert len(message) < 400 and f"({len(huge):,} characters)" in message
         assert line.__dict__["shape"] == shape.id
         assert line.__dict__["labelSelector"].startswith("k0=v0,k1=v1")
+
+
+async def test_a_shape_asked_for_again_while_it_is_being_inserted_is_inserted_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found with a typed and a metadata informer starting at once: the second request for a
+    new shape came while the first's insert was on the writer's thread, so the shape was not
+    known yet; a second insert of the same key then failed (UNIQUE constraint), and the
+    storage error took the whole cache out of service."""
+    store = await Store.open(StoreSettings(path=tmp_path / "c.db"))
+    inserting = asyncio.Event()
+    resume = threading.Event()
+    insert_shapes = writing.insert_shapes
+
+    def slow(connection: sqlite3.Connection, **kwargs: Any) -> Any:
+        inserting.set()
+        resume.wait(5)
+        return insert_shapes(connection, **kwargs)
+
+    monkeypatch.setattr(writing, "insert_shapes", slow)
+    key = ShapeKey.of(PODS.gvr, namespace="n")
+    try:
+        first = asyncio.create_task(store.ensure_shape(key, configured=False))
+        await inserting.wait()  # the first insert is on the writer's thread
+        second = asyncio.create_task(store.ensure_shape(key, configured=False))
+        await asyncio.sleep(0.01)
+        resume.set()
+        shapes = await asyncio.gather(first, second)
+        assert shapes[0] is shapes[1]
+        assert store.storage_error is None
+    finally:
+        resume.set()
+        await store.close()

@@ -480,11 +480,21 @@ async def test_discovery_is_cached_and_served_while_the_apiserver_is_down(
         assert response.headers["ETag"] == '"etag-apis"'
         assert await response.read() == b""
 
-    # another Accept is another document: not cached, so 503
+    # another Accept is another copy; none stored, but the stored one's media type
+    # (this fake answers plain application/json) is one the client accepts: served
     async with session.get(
-        f"{sidecar_proxy.url}/apis", headers={"Accept": "application/json"}
+        f"{sidecar_proxy.url}/apis",
+        headers={"Accept": "application/vnd.kubernetes.protobuf, application/json"},
     ) as response:
-        assert response.status == 503
+        assert response.status == 200
+        assert await response.read() == online_body
+    # an Accept no stored copy satisfies: 503
+    for other in (
+        "application/yaml",
+        "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList",
+    ):
+        async with session.get(f"{sidecar_proxy.url}/apis", headers={"Accept": other}) as response:
+            assert response.status == 503
     # never fetched at all
     async with session.get(f"{sidecar_proxy.url}/version") as response:
         assert response.status == 503
