@@ -425,7 +425,12 @@ async def test_a_token_flood_cannot_evict_an_accepted_decision(
         own,
         {
             "filler": (own, stage.tokens["filler"]),
-            "cluster-reader": (f"{sidecar.url}/api/v1/configmaps", stage.tokens["cluster-reader"]),
+            # Cluster-wide, as its grant is; one namespace's objects, so that the probe times
+            # the answer, not the transfer of every ConfigMap the suite made before.
+            "cluster-reader": (
+                f"{sidecar.url}/api/v1/configmaps?fieldSelector=metadata.namespace%3D{stage.own}",
+                stage.tokens["cluster-reader"],
+            ),
         },
         addresses=addresses,
         per_address=per_address,

@@ -19,9 +19,11 @@ async def test_client_certificate_kubeconfig_reaches_the_apiserver(plane: Contro
         ConnectionSettings(kubeconfig=str(plane.admin_kubeconfig)), metrics=metrics
     )
     try:
-        version = await upstream.json_request("GET", "/version")
+        version = await upstream.json_request("GET", "/version", purpose="discovery")
         assert version["gitVersion"] == "v1.37.2"
-        namespaces = await upstream.json_request("GET", ("/api/v1/namespaces", {"limit": "1"}))
+        namespaces = await upstream.json_request(
+            "GET", ("/api/v1/namespaces", {"limit": "1"}), purpose="reflector"
+        )
         assert namespaces["kind"] == "NamespaceList"
         assert (
             metrics.value("warmwatch_upstream_requests_total", {"verb": "GET", "code": "200"}) == 2
@@ -38,7 +40,7 @@ async def test_restricted_identity_is_refused_with_the_apiservers_status(
     )
     try:
         with pytest.raises(UpstreamStatusError) as refused:
-            await upstream.json_request("GET", "/api/v1/configmaps")
+            await upstream.json_request("GET", "/api/v1/configmaps", purpose="reflector")
         assert refused.value.code == 403
         assert refused.value.reason == "Forbidden"
     finally:
