@@ -1,0 +1,452 @@
+"""warmwatch where its users run it: the image, ``deploy/component`` and a real kubelet.
+
+The module brings up its own control plane with a node (``ControlPlane.up(node=True)``:
+containerd and a kubelet, loadtest/node.py), so that stopping its apiserver and the
+kube-controller-manager controllers pods need disturb no other test; ~15 s, plus the image
+builds (cached: ~25 s when only the code changed). It builds ``localhost/warmwatch:dev``
+(``make image``) and the controller-runtime manager of tests/crmanager as a scratch image,
+loads both into the node, and deploys ``tests/node/machine`` — the manager's StatefulSet with
+the component, and only what the test machine forces — rendered by the plane's
+``kubectl kustomize``. The scenarios run in order on that one deployment, each asserting what
+the manager prints and what warmwatch's metrics show; the last one stops the node and checks
+that nothing of it is left on the machine.
+
+The pod runs with ``hostNetwork``: warmwatch listens on the host's 127.0.0.1:8001 and
+0.0.0.0:9090 (the component's ports), which the harness never hands out (ports.py: ≥ 10000).
+``WARMWATCH_NODE_OBJECTS`` sets the number of ConfigMaps (default 1,000; the README's start
+times are from a run with 20,000, printed by the tests as ``node: ...`` lines).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loadtest import crmanager, images, kubeapi
+from loadtest import node as node_module
+from loadtest.cluster import ControlPlane
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+MACHINE = REPO / "tests" / "node" / "machine"
+CRMANAGER_IMAGE = "localhost/warmwatch-crmanager:dev"
+NAMESPACE = "node-test"
+POD = "crmanager-0"
+LABELS = {"warmwatch.test/mirror": "true"}
+METRICS = "http://127.0.0.1:9090/metrics"
+OBJECTS = int(os.environ.get("WARMWATCH_NODE_OBJECTS", "1000"))
+LABELLED = 20
+"""Of the ConfigMaps, this many are mirrored by the manager (the rest are only cached)."""
+
+POD_TIMEOUT = 180.0
+"""Pod creation to the manager synced: a cold fill of 20,000 objects is ~10 s, but CI is slow."""
+EFFECT_TIMEOUT = 60.0
+"""Seconds for the running manager to mirror a new ConfigMap."""
+
+
+@dataclass
+class NodeTest:
+    """The module's plane with its node, and what the scenarios carry from one to the next."""
+
+    plane: ControlPlane
+    workdir: Path
+    iptables_before: str
+    figures: dict[str, float] = field(default_factory=dict)
+
+    def kubectl(
+        self, *args: str, check: bool = True, stdin: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [str(self.plane.kubectl()), f"--kubeconfig={self.plane.admin_kubeconfig}", *args],
+            capture_output=True,
+            text=True,
+            input=stdin,
+            timeout=120,
+            check=False,
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)}: {result.stderr}")
+        return result
+
+    def pod(self) -> dict[str, Any]:
+        found = self.kubectl("get", "pod", "-n", NAMESPACE, POD, "-o", "json", check=False)
+        return json.loads(found.stdout) if found.returncode == 0 else {}
+
+    def container_log(self, pod: dict[str, Any], container: str) -> list[tuple[datetime, str]]:
+        """The current run's lines of ``container`` from the kubelet's log files on disk (read
+        while the apiserver is down too): (time, text)."""
+        meta = pod["metadata"]
+        directory = (
+            self.plane.directory
+            / "node"
+            / "pod-logs"
+            / f"{meta['namespace']}_{meta['name']}_{meta['uid']}"
+            / container
+        )
+        files = sorted(directory.glob("*.log"), key=lambda p: int(p.stem))
+        if not files:
+            return []
+        lines = []
+        for raw in files[-1].read_text(errors="replace").splitlines():
+            stamp, _stream, _tag, text = raw.split(" ", 3)
+            lines.append((datetime.fromisoformat(stamp), text))
+        return lines
+
+    def manager_lines(self, pod: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+        found = []
+        for _, text in self.container_log(pod, "manager"):
+            with contextlib.suppress(json.JSONDecodeError):
+                line = json.loads(text)
+                if isinstance(line, dict) and line.get("kind") == kind:
+                    found.append(line)
+        return found
+
+
+def _metric(name: str, labels: dict[str, str] | None = None) -> float:
+    """Sum of the samples of ``name`` with ``labels`` on the pod's metrics port."""
+    with urllib.request.urlopen(METRICS, timeout=5) as answer:
+        text = answer.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        series, _, value = line.rpartition(" ")
+        metric, _, label_text = series.partition("{")
+        if line.startswith("#") or metric != name:
+            continue
+        found = dict(p.split("=", 1) for p in label_text.rstrip("}").split(",") if "=" in p)
+        if all(found.get(k, "").strip('"') == v for k, v in (labels or {}).items()):
+            total += float(value)
+    return total
+
+
+def _wait(check: Callable[[], Any], *, what: str, timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, KeyError, ValueError):
+            found = check()
+            if found:
+                return found
+        time.sleep(0.5)
+    raise TimeoutError(f"{what}: not after {timeout:.0f}s")
+
+
+def _port_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex((host, port)) != 0
+
+
+@pytest.fixture(scope="module")
+def node_test(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeTest]:
+    assert _port_free(8001) and _port_free(9090), "the component's ports are taken on this host"
+    iptables_before = node_module.iptables_rules()
+    plane = ControlPlane(tmp_path_factory.mktemp("node-plane"))
+    try:
+        plane.up(node=True)
+        images.build_warmwatch()
+        images.import_files(
+            image=CRMANAGER_IMAGE,
+            files={"/crmanager": crmanager.build()},
+            entrypoint=["/crmanager"],
+        )
+        for image in (images.WARMWATCH_IMAGE, CRMANAGER_IMAGE):
+            plane.load_image(image)
+        yield NodeTest(
+            plane=plane,
+            workdir=tmp_path_factory.mktemp("node-deploy"),
+            iptables_before=iptables_before,
+        )
+    finally:
+        plane.down()
+
+
+def _kustomization(test: NodeTest) -> Path:
+    """The last layer: namespace, the apiserver's port, the --resource flag, a local PV."""
+    directory = test.workdir / "deploy"
+    volume = test.workdir / "volume"
+    volume.mkdir(parents=True, exist_ok=True)
+    directory.mkdir(exist_ok=True)
+    port = test.plane.state().apiserver_port
+    (directory / "pv.yaml").write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolume",
+                "metadata": {"name": f"{NAMESPACE}-cache"},
+                "spec": {
+                    "capacity": {"storage": "1Gi"},
+                    "accessModes": ["ReadWriteOnce"],
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "storageClassName": "",
+                    "local": {"path": str(volume)},
+                    "nodeAffinity": {
+                        "required": {
+                            "nodeSelectorTerms": [
+                                {
+                                    "matchExpressions": [
+                                        {
+                                            "key": "kubernetes.io/hostname",
+                                            "operator": "In",
+                                            "values": [node_module.NODE_NAME],
+                                        }
+                                    ]
+                                }
+                            ]
+                        }
+                    },
+                },
+            }
+        )
+    )
+    sidecar_env = {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": "any"},
+        "spec": {
+            "template": {
+                "spec": {
+                    "initContainers": [
+                        {
+                            "name": "warmwatch",
+                            "env": [{"name": "KUBERNETES_SERVICE_PORT", "value": str(port)}],
+                        }
+                    ]
+                }
+            }
+        },
+    }
+    resource = [
+        {
+            "op": "add",
+            "path": "/spec/template/spec/initContainers/0/args/-",
+            "value": f"--resource=v1/configmaps@{NAMESPACE};protobuf",
+        }
+    ]
+    (directory / "kustomization.yaml").write_text(
+        json.dumps(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "namespace": NAMESPACE,
+                "resources": [os.path.relpath(MACHINE, directory), "pv.yaml"],
+                "patches": [
+                    {"target": {"kind": "StatefulSet"}, "patch": json.dumps(sidecar_env)},
+                    {"target": {"kind": "StatefulSet"}, "patch": json.dumps(resource)},
+                ],
+            }
+        )
+    )
+    return directory
+
+
+async def _create_configmaps(test: NodeTest, *, count: int, prefix: str, labelled: bool) -> None:
+    async with kubeapi.RawClient(
+        base_url=test.plane.server,
+        ssl_context=kubeapi.client_ssl(test.plane.pki, identity="admin"),
+    ) as api:
+        await kubeapi.create_configmaps(
+            api,
+            namespace=NAMESPACE,
+            count=count,
+            prefix=prefix,
+            labels=LABELS if labelled else None,
+        )
+
+
+def _mirrored(test: NodeTest, name: str) -> bool:
+    found = test.kubectl("get", "configmap", "-n", NAMESPACE, f"{name}-mirror", check=False)
+    return found.returncode == 0
+
+
+def _synced_pod(test: NodeTest, *, restarts: int = 0, not_uid: str = "") -> dict[str, Any]:
+    """Wait until the pod (a new one when ``not_uid``) runs its manager's ``restarts``-th
+    restart and that run has printed ``synced``; the pod."""
+
+    def ready() -> dict[str, Any] | None:
+        pod = test.pod()
+        if not pod or pod["metadata"]["uid"] == not_uid:
+            return None
+        statuses = pod.get("status", {}).get("containerStatuses", [])
+        if not statuses or statuses[0]["restartCount"] < restarts:
+            return None
+        return pod if test.manager_lines(pod, "synced") else None
+
+    found: dict[str, Any] = _wait(ready, what="manager synced", timeout=POD_TIMEOUT)
+    return found
+
+
+def _seconds_to_synced(test: NodeTest, pod: dict[str, Any]) -> float:
+    """Pod creation (the apiserver's timestamp, whole seconds) to the manager's synced line."""
+    created = datetime.fromisoformat(pod["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
+    synced = next(t for t, text in test.container_log(pod, "manager") if '"synced"' in text)
+    return (synced - created).total_seconds()
+
+
+def _pid(program: bytes) -> int:
+    """The process in the pod whose command line has ``program`` (the host sees the
+    containers' processes)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            if program in argv[:2]:
+                return int(entry.name)
+    raise LookupError(f"no process {program!r}")
+
+
+def _manager_pid() -> int:
+    return _pid(b"/crmanager")
+
+
+def _rss_bytes(program: bytes) -> int:
+    for line in Path(f"/proc/{_pid(program)}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def test_cold_start(node_test: NodeTest) -> None:
+    """The sidecar's startup probe gates the manager, which syncs through warmwatch (cached
+    as the manager reads it, protobuf) and mirrors; the sidecar logs JSON lines that
+    ``kubectl logs`` shows; its metrics port answers."""
+    test = node_test
+    test.kubectl("create", "namespace", NAMESPACE)
+    asyncio.run(_create_configmaps(test, count=OBJECTS - LABELLED, prefix="plain", labelled=False))
+    asyncio.run(_create_configmaps(test, count=LABELLED, prefix="src", labelled=True))
+    rendered = test.kubectl("kustomize", str(_kustomization(test))).stdout
+    test.kubectl("apply", "-f", "-", stdin=rendered)
+
+    pod = _synced_pod(test)
+    (synced,) = test.manager_lines(pod, "synced")
+    # Every ConfigMap of the namespace: ours, kube-root-ca.crt and the component's kubeconfig.
+    assert synced["count"] == OBJECTS + 2
+    seconds = _seconds_to_synced(test, pod)
+    test.figures["cold"] = seconds
+    print(f"node: cold start, {OBJECTS} objects: pod created -> manager synced {seconds:.1f}s")
+    assert _wait(
+        lambda: all(_mirrored(test, f"src-{i:06d}") for i in range(LABELLED)),
+        what="mirrors",
+        timeout=EFFECT_TIMEOUT,
+    )
+
+    # The gate: the manager started only after warmwatch had listed the configured collection.
+    sidecar_log = test.container_log(pod, "warmwatch")
+    listed_at = next(t for t, text in sidecar_log if "listed at RV" in text)
+    statuses = {s["name"]: s for s in pod["status"]["containerStatuses"]}
+    started = datetime.fromisoformat(
+        statuses["manager"]["state"]["running"]["startedAt"].replace("Z", "+00:00")
+    )
+    assert listed_at.timestamp() < started.timestamp() + 1  # startedAt is whole seconds
+
+    logs = test.kubectl("logs", "-n", NAMESPACE, POD, "-c", "warmwatch").stdout.splitlines()
+    records = [json.loads(line) for line in logs]
+    assert {"time", "level", "logger", "message"} <= set(records[0])
+    assert any(r.get("resource") == "v1/configmaps" and "objects" in r for r in records)
+
+    assert _metric("warmwatch_upstream_relists_total") == 1  # the one cold fill
+
+
+def test_controller_crash_restarts_from_cache(node_test: NodeTest) -> None:
+    """kill -9 of the manager: the kubelet restarts the container, which syncs from
+    warmwatch's cache with no upstream list or watch of the cached collection."""
+    test = node_test
+    relists = _metric("warmwatch_upstream_relists_total")
+    watches = _metric("warmwatch_upstream_requests_total", {"verb": "WATCH"})
+    lists = _metric("warmwatch_upstream_requests_total", {"verb": "LIST"})
+    os.kill(_manager_pid(), signal.SIGKILL)
+    pod = _synced_pod(test, restarts=1)
+    (synced,) = test.manager_lines(pod, "synced")
+    assert synced["count"] == OBJECTS + 2 + LABELLED  # the mirrors too
+    assert _metric("warmwatch_upstream_relists_total") == relists
+    assert _metric("warmwatch_upstream_requests_total", {"verb": "WATCH"}) == watches
+    assert _metric("warmwatch_upstream_requests_total", {"verb": "LIST"}) == lists
+    asyncio.run(_create_configmaps(test, count=1, prefix="after-crash", labelled=True))
+    assert _wait(
+        lambda: _mirrored(test, "after-crash-000000"), what="mirror", timeout=EFFECT_TIMEOUT
+    )
+
+
+def test_pod_deleted_resumes_from_volume(node_test: NodeTest) -> None:
+    """The StatefulSet's new pod finds the cache on its volume: warmwatch resumes the
+    collection (no list) and its watch from the stored resourceVersion."""
+    test = node_test
+    old = test.pod()
+    test.kubectl("delete", "pod", "-n", NAMESPACE, POD, "--wait=false")
+    pod = _synced_pod(test, not_uid=old["metadata"]["uid"])
+    seconds = _seconds_to_synced(test, pod)
+    test.figures["warm"] = seconds
+    print(f"node: warm start (pod deleted), {OBJECTS} objects: -> manager synced {seconds:.1f}s")
+    sidecar_log = [text for _, text in test.container_log(pod, "warmwatch")]
+    assert any("(resumed, configured)" in text for text in sidecar_log), sidecar_log[:5]
+    assert not any("listed at RV" in text for text in sidecar_log)
+    assert _metric("warmwatch_upstream_relists_total") == 0
+    asyncio.run(_create_configmaps(test, count=1, prefix="after-delete", labelled=True))
+    assert _wait(
+        lambda: _mirrored(test, "after-delete-000000"), what="mirror", timeout=EFFECT_TIMEOUT
+    )
+    rss = _rss_bytes(b"/opt/warmwatch/bin/warmwatch")
+    print(f"node: warmwatch RSS in the pod {rss / 2**20:.0f} MiB ({OBJECTS} objects)")
+
+
+def test_apiserver_down_controller_killed(node_test: NodeTest) -> None:
+    """The apiserver stops and the manager is killed: it restarts and syncs from the cache
+    alone; when the apiserver returns it mirrors what was created just before it left."""
+    test = node_test
+    asyncio.run(_create_configmaps(test, count=1, prefix="before-outage", labelled=True))
+    pod = test.pod()
+    restarts = pod["status"]["containerStatuses"][0]["restartCount"]
+    test.plane.stop_apiserver()
+    try:
+        os.kill(_manager_pid(), signal.SIGKILL)
+
+        def synced_again() -> bool:
+            # the pod's status cannot be read now: the kubelet's log file of the next run
+            # (named by its restart count) tells the restart
+            numbers = [int(path.stem) for path in _log_files(test, pod)]
+            return max(numbers) > restarts and bool(test.manager_lines(pod, "synced"))
+
+        _wait(synced_again, what="manager synced, apiserver down", timeout=POD_TIMEOUT)
+        (synced,) = test.manager_lines(pod, "synced")
+        assert synced["count"] >= OBJECTS + 2 + LABELLED + 1
+    finally:
+        test.plane.start_apiserver()
+    assert _wait(
+        lambda: _mirrored(test, "before-outage-000000"), what="mirror", timeout=EFFECT_TIMEOUT
+    )
+
+
+def _log_files(test: NodeTest, pod: dict[str, Any]) -> Iterator[Path]:
+    meta = pod["metadata"]
+    directory = (
+        test.plane.directory
+        / "node"
+        / "pod-logs"
+        / f"{meta['namespace']}_{meta['name']}_{meta['uid']}"
+        / "manager"
+    )
+    return directory.glob("*.log")
+
+
+def test_down_leaves_nothing_behind(node_test: NodeTest) -> None:
+    """``down``: no process, mount, cgroup directory, system path or iptables rule of the
+    node is left on the machine."""
+    test = node_test
+    test.plane.down()
+    assert list(test.plane._ours()) == []
+    assert test.plane.node.leftovers() == []
+    assert node_module.iptables_rules() == test.iptables_before
+    assert _port_free(8001) and _port_free(9090)
