@@ -85,6 +85,10 @@ NODE_CONTROLLERS = (
 )
 """With ``--node``: what pods of Deployments and StatefulSets with volume claims need."""
 
+NODE_CONTROLLER_FLAGS = ("--pvclaimbinder-sync-period=1s",)
+"""A claim created beside its volume (one ``kubectl apply``) waits for the binder's next pass
+over the claims: 15 s by default, which a test's pod would wait too."""
+
 NODE_READY_TIMEOUT = 120.0
 """The node is Ready ~2 s after the kubelet starts on an idle machine; CI shares 2 cores."""
 
@@ -335,6 +339,7 @@ class ControlPlane:
                 "--secure-port=0",
                 f"--kube-api-qps={CONTROLLER_MANAGER_QPS}",
                 f"--kube-api-burst={CONTROLLER_MANAGER_BURST}",
+                *(NODE_CONTROLLER_FLAGS if state.node else ()),
                 "--v=1",
             ],
         )

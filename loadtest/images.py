@@ -160,8 +160,11 @@ def ensure_base() -> str:
     return BASE_IMAGE
 
 
-def build_warmwatch(*, tag: str = WARMWATCH_IMAGE, python_image: str | None = None) -> str:
-    """``make image``: the Dockerfile built on ``python_image`` (default: the Debian base)."""
+def build_warmwatch(
+    *, tag: str = WARMWATCH_IMAGE, python_image: str | None = None, context: Path = REPO
+) -> str:
+    """``make image``: the Dockerfile built on ``python_image`` (default: the Debian base), in
+    ``context`` (another checkout's sources, for an older release)."""
     base = python_image or ensure_base()
     started = time.monotonic()
     subprocess.run(
@@ -173,7 +176,7 @@ def build_warmwatch(*, tag: str = WARMWATCH_IMAGE, python_image: str | None = No
             f"--build-arg=PYTHON_IMAGE={base}",
             "-t",
             tag,
-            str(REPO),
+            str(context),
         ],
         check=True,
     )
@@ -189,6 +192,23 @@ def _host_certificates() -> list[str]:
     if builder() != "podman" or not certificates.is_dir():
         return []
     return [f"--volume={certificates}:{certificates}:ro"]
+
+
+def release_context(*, commit: str, directory: Path) -> Path:
+    """A build context of warmwatch as of ``commit`` (its ``proxy`` package), with today's
+    Dockerfile and requirements.lock: an image of an older release, for upgrade tests."""
+    directory.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", commit, "proxy", "pyproject.toml", "README.md"],
+        check=True,
+        capture_output=True,
+    ).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(directory, filter="data")
+    for name in ("Dockerfile", "requirements.lock", ".dockerignore"):
+        if (REPO / name).exists():
+            shutil.copy(REPO / name, directory / name)
+    return directory
 
 
 def size_mb(image: str) -> float:

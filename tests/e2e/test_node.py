@@ -23,8 +23,10 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import time
 import urllib.request
@@ -173,8 +175,9 @@ def node_test(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeTest]:
         plane.down()
 
 
-def _kustomization(test: NodeTest) -> Path:
-    """The last layer: namespace, the apiserver's port, the --resource flag, a local PV."""
+def _kustomization(test: NodeTest, *, warmwatch_tag: str = "dev") -> Path:
+    """The last layer: namespace, the apiserver's port, the --resource flag, a local PV, and
+    the sidecar's image tag."""
     directory = test.workdir / "deploy"
     volume = test.workdir / "volume"
     volume.mkdir(parents=True, exist_ok=True)
@@ -228,12 +231,14 @@ def _kustomization(test: NodeTest) -> Path:
             }
         },
     }
+    # protobuf: what the typed manager reads; JSON: what this test reads of the cache
     resource = [
         {
             "op": "add",
             "path": "/spec/template/spec/initContainers/0/args/-",
-            "value": f"--resource=v1/configmaps@{NAMESPACE};protobuf",
+            "value": f"--resource=v1/configmaps@{NAMESPACE}{encoding}",
         }
+        for encoding in (";protobuf", "")
     ]
     (directory / "kustomization.yaml").write_text(
         json.dumps(
@@ -242,6 +247,7 @@ def _kustomization(test: NodeTest) -> Path:
                 "kind": "Kustomization",
                 "namespace": NAMESPACE,
                 "resources": [os.path.relpath(MACHINE, directory), "pv.yaml"],
+                "images": [{"name": "localhost/warmwatch", "newTag": warmwatch_tag}],
                 "patches": [
                     {"target": {"kind": "StatefulSet"}, "patch": json.dumps(sidecar_env)},
                     {"target": {"kind": "StatefulSet"}, "patch": json.dumps(resource)},
@@ -308,6 +314,16 @@ def _pid(program: bytes) -> int:
     raise LookupError(f"no process {program!r}")
 
 
+def _phases(test: NodeTest, pod: dict[str, Any]) -> str:
+    """Where a start's time went: seconds from the pod's creation to each step."""
+    created = datetime.fromisoformat(pod["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
+    steps = {
+        "sidecar's first line": test.container_log(pod, "warmwatch")[0][0],
+        "manager's first line": test.container_log(pod, "manager")[0][0],
+    }
+    return ", ".join(f"{k} {(t - created).total_seconds():.1f}s" for k, t in steps.items())
+
+
 def _manager_pid() -> int:
     return _pid(b"/crmanager")
 
@@ -337,6 +353,7 @@ def test_cold_start(node_test: NodeTest) -> None:
     seconds = _seconds_to_synced(test, pod)
     test.figures["cold"] = seconds
     print(f"node: cold start, {OBJECTS} objects: pod created -> manager synced {seconds:.1f}s")
+    print(f"node: {_phases(test, pod)}")
     assert _wait(
         lambda: all(_mirrored(test, f"src-{i:06d}") for i in range(LABELLED)),
         what="mirrors",
@@ -357,7 +374,7 @@ def test_cold_start(node_test: NodeTest) -> None:
     assert {"time", "level", "logger", "message"} <= set(records[0])
     assert any(r.get("resource") == "v1/configmaps" and "objects" in r for r in records)
 
-    assert _metric("warmwatch_upstream_relists_total") == 1  # the one cold fill
+    assert _metric("warmwatch_upstream_relists_total") == 2  # the cold fills: both encodings
 
 
 def test_controller_crash_restarts_from_cache(node_test: NodeTest) -> None:
@@ -390,6 +407,7 @@ def test_pod_deleted_resumes_from_volume(node_test: NodeTest) -> None:
     seconds = _seconds_to_synced(test, pod)
     test.figures["warm"] = seconds
     print(f"node: warm start (pod deleted), {OBJECTS} objects: -> manager synced {seconds:.1f}s")
+    print(f"node: {_phases(test, pod)}")
     sidecar_log = [text for _, text in test.container_log(pod, "warmwatch")]
     assert any("(resumed, configured)" in text for text in sidecar_log), sidecar_log[:5]
     assert not any("listed at RV" in text for text in sidecar_log)
@@ -402,16 +420,32 @@ def test_pod_deleted_resumes_from_volume(node_test: NodeTest) -> None:
     print(f"node: warmwatch RSS in the pod {rss / 2**20:.0f} MiB ({OBJECTS} objects)")
 
 
+def _cached_names(*, name: str = "") -> set[str]:
+    """ConfigMaps of the namespace in warmwatch's cache: a LIST on the pod's listener (the
+    host's loopback: hostNetwork), which warmwatch answers from the cache."""
+    query = f"?fieldSelector=metadata.name%3D{name}" if name else ""
+    url = f"http://127.0.0.1:8001/api/v1/namespaces/{NAMESPACE}/configmaps{query}"
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        return {item["metadata"]["name"] for item in json.loads(answer.read())["items"]}
+
+
 def test_apiserver_down_controller_killed(node_test: NodeTest) -> None:
-    """The apiserver stops and the manager is killed: it restarts and syncs from the cache
-    alone; when the apiserver returns it mirrors what was created just before it left."""
+    """A ConfigMap is created while the manager is frozen (SIGSTOP: it sees nothing, and the
+    kubelet does not restart it); then the apiserver stops and the manager is killed. It
+    restarts and syncs from the cache alone, the new ConfigMap included; when the apiserver
+    returns, this run mirrors it."""
     test = node_test
-    asyncio.run(_create_configmaps(test, count=1, prefix="before-outage", labelled=True))
     pod = test.pod()
     restarts = pod["status"]["containerStatuses"][0]["restartCount"]
-    test.plane.stop_apiserver()
+    frozen = _manager_pid()
+    os.kill(frozen, signal.SIGSTOP)
     try:
-        os.kill(_manager_pid(), signal.SIGKILL)
+        asyncio.run(_create_configmaps(test, count=1, prefix="in-outage", labelled=True))
+        _wait(lambda: _cached_names(name="in-outage-000000"), what="cached", timeout=EFFECT_TIMEOUT)
+        test.plane.stop_apiserver()
+    finally:
+        os.kill(frozen, signal.SIGKILL)
+    try:
 
         def synced_again() -> bool:
             # the pod's status cannot be read now: the kubelet's log file of the next run
@@ -421,12 +455,21 @@ def test_apiserver_down_controller_killed(node_test: NodeTest) -> None:
 
         _wait(synced_again, what="manager synced, apiserver down", timeout=POD_TIMEOUT)
         (synced,) = test.manager_lines(pod, "synced")
-        assert synced["count"] >= OBJECTS + 2 + LABELLED + 1
+        cached = _cached_names()
+        assert "in-outage-000000" in cached
+        assert synced["count"] == len(cached)
+        assert not _mirrored_in_cache("in-outage-000000")
     finally:
         test.plane.start_apiserver()
-    assert _wait(
-        lambda: _mirrored(test, "before-outage-000000"), what="mirror", timeout=EFFECT_TIMEOUT
-    )
+    assert _wait(lambda: _mirrored(test, "in-outage-000000"), what="mirror", timeout=EFFECT_TIMEOUT)
+    created = {
+        line["name"] for line in test.manager_lines(pod, "reconcile") if line["result"] == "created"
+    }
+    assert "in-outage-000000" in created
+
+
+def _mirrored_in_cache(name: str) -> bool:
+    return bool(_cached_names(name=f"{name}-mirror"))
 
 
 def _log_files(test: NodeTest, pod: dict[str, Any]) -> Iterator[Path]:
@@ -439,6 +482,54 @@ def _log_files(test: NodeTest, pod: dict[str, Any]) -> Iterator[Path]:
         / "manager"
     )
     return directory.glob("*.log")
+
+
+OLD_SCHEMA_COMMIT = "a127b88"
+"""The last commit whose database is schema version 2 (the next one, ed2b209, made it 3 and
+migrates version 2 in place)."""
+
+
+def _schema_version(test: NodeTest) -> str:
+    db = test.workdir / "volume" / "cache.db"
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as connection:
+        (version,) = connection.execute(
+            "SELECT value FROM meta WHERE key = 'schema_version'"
+        ).fetchone()
+    return str(version)
+
+
+def test_upgrade_keeps_cache(node_test: NodeTest, tmp_path: Path) -> None:
+    """A pod of an older release (schema version 2) is replaced by one of this build: the
+    new sidecar migrates the database on the volume in place and resumes from it, without a
+    relist, and the manager syncs."""
+    test = node_test
+    old_tag = "schema2"
+    context = images.release_context(commit=OLD_SCHEMA_COMMIT, directory=tmp_path / "old")
+    test.plane.load_image(
+        images.build_warmwatch(tag=f"localhost/warmwatch:{old_tag}", context=context)
+    )
+    # A fresh deployment on the old release: the StatefulSet, its claim and volume go.
+    test.kubectl("delete", "statefulset", "-n", NAMESPACE, "crmanager", "--wait=true")
+    _wait(lambda: not test.pod(), what="pod gone", timeout=POD_TIMEOUT)
+    test.kubectl("delete", "pvc", "-n", NAMESPACE, "--all", "--wait=true")
+    test.kubectl("delete", "pv", f"{NAMESPACE}-cache", "--wait=true")
+    shutil.rmtree(test.workdir / "volume")
+    rendered = test.kubectl("kustomize", str(_kustomization(test, warmwatch_tag=old_tag))).stdout
+    test.kubectl("apply", "-f", "-", stdin=rendered)
+    old = _synced_pod(test)
+    assert _schema_version(test) == "2"
+
+    rendered = test.kubectl("kustomize", str(_kustomization(test))).stdout
+    test.kubectl("apply", "-f", "-", stdin=rendered)
+    pod = _synced_pod(test, not_uid=old["metadata"]["uid"])
+    assert pod["spec"]["initContainers"][0]["image"] == images.WARMWATCH_IMAGE
+    sidecar_log = [text for _, text in test.container_log(pod, "warmwatch")]
+    assert sum("(resumed, configured)" in text for text in sidecar_log) == 2, sidecar_log[:5]
+    assert not any("listed at RV" in text for text in sidecar_log)
+    assert _metric("warmwatch_upstream_relists_total") == 0
+    assert _schema_version(test) == "3"
+    (synced,) = test.manager_lines(pod, "synced")
+    assert synced["count"] == len(_cached_names())
 
 
 def test_down_leaves_nothing_behind(node_test: NodeTest) -> None:
