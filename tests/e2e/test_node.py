@@ -45,10 +45,10 @@ from loadtest.cluster import ControlPlane
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
-MACHINE = REPO / "tests" / "node" / "machine"
+TREES = REPO / "tests" / "node"
 CRMANAGER_IMAGE = "localhost/warmwatch-crmanager:dev"
+KCM_IMAGE = "localhost/warmwatch-kcm:dev"
 NAMESPACE = "node-test"
-POD = "crmanager-0"
 LABELS = {"warmwatch.test/mirror": "true"}
 METRICS = "http://127.0.0.1:9090/metrics"
 OBJECTS = int(os.environ.get("WARMWATCH_NODE_OBJECTS", "1000"))
@@ -69,6 +69,8 @@ class NodeTest:
     workdir: Path
     iptables_before: str
     figures: dict[str, float] = field(default_factory=dict)
+    pod_name: str = "crmanager-0"
+    """The StatefulSet's one pod: the crmanager's, later kube-controller-manager's."""
 
     def kubectl(
         self, *args: str, check: bool = True, stdin: str | None = None
@@ -86,7 +88,9 @@ class NodeTest:
         return result
 
     def pod(self) -> dict[str, Any]:
-        found = self.kubectl("get", "pod", "-n", NAMESPACE, POD, "-o", "json", check=False)
+        found = self.kubectl(
+            "get", "pod", "-n", NAMESPACE, self.pod_name, "-o", "json", check=False
+        )
         return json.loads(found.stdout) if found.returncode == 0 else {}
 
     def container_log(self, pod: dict[str, Any], container: str) -> list[tuple[datetime, str]]:
@@ -175,9 +179,20 @@ def node_test(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeTest]:
         plane.down()
 
 
-def _kustomization(test: NodeTest, *, warmwatch_tag: str = "dev") -> Path:
-    """The last layer: namespace, the apiserver's port, the --resource flag, a local PV, and
-    the sidecar's image tag."""
+MANAGER_RESOURCES = (f"v1/configmaps@{NAMESPACE};protobuf", f"v1/configmaps@{NAMESPACE}")
+"""protobuf: what the typed manager reads; JSON: what this test reads of the cache."""
+
+
+def _kustomization(
+    test: NodeTest,
+    *,
+    app: str = "crmanager",
+    resources: tuple[str, ...] = MANAGER_RESOURCES,
+    warmwatch_tag: str = "dev",
+) -> Path:
+    """The last layer: the controller ``app`` (a tree in tests/node) with the machine's
+    component, the namespace, the apiserver's port, the --resource flags, a local PV, and the
+    sidecar's image tag."""
     directory = test.workdir / "deploy"
     volume = test.workdir / "volume"
     volume.mkdir(parents=True, exist_ok=True)
@@ -231,14 +246,13 @@ def _kustomization(test: NodeTest, *, warmwatch_tag: str = "dev") -> Path:
             }
         },
     }
-    # protobuf: what the typed manager reads; JSON: what this test reads of the cache
     resource = [
         {
             "op": "add",
             "path": "/spec/template/spec/initContainers/0/args/-",
-            "value": f"--resource=v1/configmaps@{NAMESPACE}{encoding}",
+            "value": f"--resource={gvr}",
         }
-        for encoding in (";protobuf", "")
+        for gvr in resources
     ]
     (directory / "kustomization.yaml").write_text(
         json.dumps(
@@ -246,7 +260,8 @@ def _kustomization(test: NodeTest, *, warmwatch_tag: str = "dev") -> Path:
                 "apiVersion": "kustomize.config.k8s.io/v1beta1",
                 "kind": "Kustomization",
                 "namespace": NAMESPACE,
-                "resources": [os.path.relpath(MACHINE, directory), "pv.yaml"],
+                "resources": [os.path.relpath(TREES / app, directory), "pv.yaml"],
+                "components": [os.path.relpath(TREES / "machine", directory)],
                 "images": [{"name": "localhost/warmwatch", "newTag": warmwatch_tag}],
                 "patches": [
                     {"target": {"kind": "StatefulSet"}, "patch": json.dumps(sidecar_env)},
@@ -369,8 +384,8 @@ def test_cold_start(node_test: NodeTest) -> None:
     )
     assert listed_at.timestamp() < started.timestamp() + 1  # startedAt is whole seconds
 
-    logs = test.kubectl("logs", "-n", NAMESPACE, POD, "-c", "warmwatch").stdout.splitlines()
-    records = [json.loads(line) for line in logs]
+    logs = test.kubectl("logs", "-n", NAMESPACE, test.pod_name, "-c", "warmwatch").stdout
+    records = [json.loads(line) for line in logs.splitlines()]
     assert {"time", "level", "logger", "message"} <= set(records[0])
     assert any(r.get("resource") == "v1/configmaps" and "objects" in r for r in records)
 
@@ -402,7 +417,7 @@ def test_pod_deleted_resumes_from_volume(node_test: NodeTest) -> None:
     collection (no list) and its watch from the stored resourceVersion."""
     test = node_test
     old = test.pod()
-    test.kubectl("delete", "pod", "-n", NAMESPACE, POD, "--wait=false")
+    test.kubectl("delete", "pod", "-n", NAMESPACE, test.pod_name, "--wait=false")
     pod = _synced_pod(test, not_uid=old["metadata"]["uid"])
     seconds = _seconds_to_synced(test, pod)
     test.figures["warm"] = seconds
@@ -508,12 +523,7 @@ def test_upgrade_keeps_cache(node_test: NodeTest, tmp_path: Path) -> None:
     test.plane.load_image(
         images.build_warmwatch(tag=f"localhost/warmwatch:{old_tag}", context=context)
     )
-    # A fresh deployment on the old release: the StatefulSet, its claim and volume go.
-    test.kubectl("delete", "statefulset", "-n", NAMESPACE, "crmanager", "--wait=true")
-    _wait(lambda: not test.pod(), what="pod gone", timeout=POD_TIMEOUT)
-    test.kubectl("delete", "pvc", "-n", NAMESPACE, "--all", "--wait=true")
-    test.kubectl("delete", "pv", f"{NAMESPACE}-cache", "--wait=true")
-    shutil.rmtree(test.workdir / "volume")
+    _remove_deployment(test, "crmanager")  # a fresh one on the old release
     rendered = test.kubectl("kustomize", str(_kustomization(test, warmwatch_tag=old_tag))).stdout
     test.kubectl("apply", "-f", "-", stdin=rendered)
     old = _synced_pod(test)
@@ -530,6 +540,85 @@ def test_upgrade_keeps_cache(node_test: NodeTest, tmp_path: Path) -> None:
     assert _schema_version(test) == "3"
     (synced,) = test.manager_lines(pod, "synced")
     assert synced["count"] == len(_cached_names())
+
+
+def _remove_deployment(test: NodeTest, statefulset: str) -> None:
+    """The StatefulSet, its pod, claim and volume go (the volume's files too)."""
+    test.kubectl("delete", "statefulset", "-n", NAMESPACE, statefulset, "--wait=true")
+    _wait(lambda: not test.pod(), what="pod gone", timeout=POD_TIMEOUT)
+    test.kubectl("delete", "pvc", "-n", NAMESPACE, "--all", "--wait=true")
+    test.kubectl("delete", "pv", f"{NAMESPACE}-cache", "--wait=true")
+    shutil.rmtree(test.workdir / "volume")
+
+
+KCM_RESOURCES = ("batch/v1/jobs;protobuf", "v1/pods;protobuf")
+"""What the Job controller lists and watches (kube-controller-manager reads protobuf)."""
+
+
+def _job(name: str) -> str:
+    return json.dumps(
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "spec": {
+                "template": {
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "containers": [{"name": "main", "image": "localhost/none"}],
+                    }
+                }
+            },
+        }
+    )
+
+
+def _job_pods(test: NodeTest, job: str) -> list[str]:
+    found = test.kubectl(
+        "get", "pods", "-n", NAMESPACE, "-l", f"job-name={job}", "-o", "name"
+    ).stdout
+    return found.split()
+
+
+def test_kube_controller_manager_in_an_image(node_test: NodeTest) -> None:
+    """kube-controller-manager as the controller: its Job controller creates a Job's pod
+    through warmwatch; killed, it restarts from the cache (no relist) and keeps working."""
+    test = node_test
+    binaries = Path(test.plane.state().binaries)
+    images.import_files(
+        image=KCM_IMAGE,
+        files={"/kube-controller-manager": binaries / "kube-controller-manager"},
+        entrypoint=["/kube-controller-manager"],
+    )
+    test.plane.load_image(KCM_IMAGE)
+    _remove_deployment(test, "crmanager")
+    test.pod_name = "kcm-0"
+    directory = _kustomization(test, app="kcm", resources=KCM_RESOURCES)
+    rendered = test.kubectl("kustomize", str(directory)).stdout
+    test.kubectl("apply", "-f", "-", stdin=rendered)
+    _wait(
+        lambda: test.pod().get("status", {}).get("containerStatuses", [{}])[0].get("ready"),
+        what="kube-controller-manager running",
+        timeout=POD_TIMEOUT,
+    )
+    test.kubectl("apply", "-f", "-", stdin=_job("first"))
+    _wait(lambda: _job_pods(test, "first"), what="the Job's pod", timeout=EFFECT_TIMEOUT)
+    relists = _metric("warmwatch_upstream_relists_total")
+    assert relists >= len(KCM_RESOURCES)  # cold fills: the configured, any learned
+
+    os.kill(_pid(b"/kube-controller-manager"), signal.SIGKILL)
+    _wait(
+        lambda: (
+            test.pod()["status"]["containerStatuses"][0]["restartCount"] == 1
+            and test.pod()["status"]["containerStatuses"][0]["ready"]
+        ),
+        what="kube-controller-manager restarted",
+        timeout=POD_TIMEOUT,
+    )
+    test.kubectl("apply", "-f", "-", stdin=_job("second"))
+    _wait(lambda: _job_pods(test, "second"), what="the Job's pod", timeout=EFFECT_TIMEOUT)
+    assert len(_job_pods(test, "first")) == 1  # the restarted controller made no second
+    assert _metric("warmwatch_upstream_relists_total") == relists
 
 
 def test_down_leaves_nothing_behind(node_test: NodeTest) -> None:
