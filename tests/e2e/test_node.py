@@ -273,6 +273,42 @@ def _kustomization(
     return directory
 
 
+def _deploy(test: NodeTest, directory: Path, *, statefulset: str) -> None:
+    """``kubectl kustomize DIRECTORY | kubectl apply``, after the volume and the StatefulSet's
+    claim on it are bound: a pod whose claim is not bound yet when it reaches the kubelet
+    waits ~15 s for the kubelet's next attempt (the claim made by the StatefulSet controller
+    and its pod are created together; the StatefulSet adopts an existing claim)."""
+    claim = f"warmwatch-cache-{statefulset}-0"
+    test.kubectl("apply", "-f", str(directory / "pv.yaml"))
+    test.kubectl(
+        "apply",
+        "-f",
+        "-",
+        stdin=json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {"name": claim, "namespace": NAMESPACE},
+                "spec": {
+                    "accessModes": ["ReadWriteOnce"],
+                    "storageClassName": "",
+                    "volumeName": f"{NAMESPACE}-cache",
+                    "resources": {"requests": {"storage": "1Gi"}},
+                },
+            }
+        ),
+    )
+    test.kubectl(
+        "wait",
+        "-n",
+        NAMESPACE,
+        f"pvc/{claim}",
+        "--for=jsonpath={.status.phase}=Bound",
+        f"--timeout={POD_TIMEOUT:.0f}s",
+    )
+    test.kubectl("apply", "-f", "-", stdin=test.kubectl("kustomize", str(directory)).stdout)
+
+
 async def _create_configmaps(test: NodeTest, *, count: int, prefix: str, labelled: bool) -> None:
     async with kubeapi.RawClient(
         base_url=test.plane.server,
@@ -358,8 +394,7 @@ def test_cold_start(node_test: NodeTest) -> None:
     test.kubectl("create", "namespace", NAMESPACE)
     asyncio.run(_create_configmaps(test, count=OBJECTS - LABELLED, prefix="plain", labelled=False))
     asyncio.run(_create_configmaps(test, count=LABELLED, prefix="src", labelled=True))
-    rendered = test.kubectl("kustomize", str(_kustomization(test))).stdout
-    test.kubectl("apply", "-f", "-", stdin=rendered)
+    _deploy(test, _kustomization(test), statefulset="crmanager")
 
     pod = _synced_pod(test)
     (synced,) = test.manager_lines(pod, "synced")
@@ -499,6 +534,105 @@ def _log_files(test: NodeTest, pod: dict[str, Any]) -> Iterator[Path]:
     return directory.glob("*.log")
 
 
+TOKEN_REREAD = 60.0
+"""warmwatch re-reads its in-cluster token file this often (``token_file_reread``, as
+client-go's cached file token source)."""
+
+
+def _token_volume(test: NodeTest, pod: dict[str, Any]) -> Path:
+    """The pod's service-account volume on the node (the kubelet's projected
+    ``kube-api-access-*``: token, ca.crt, namespace, behind the ``..data`` symlink)."""
+    projected = (
+        test.plane.directory
+        / "node/kubelet/root/pods"
+        / pod["metadata"]["uid"]
+        / "volumes/kubernetes.io~projected"
+    )
+    (volume,) = projected.glob("kube-api-access-*")
+    return volume
+
+
+def _publish(volume: Path, *, directory: str) -> None:
+    """Point ``..data`` at ``directory`` in one rename, as the kubelet's atomic writer does."""
+    link = volume / "..data_tmp"
+    link.symlink_to(directory)
+    link.rename(volume / "..data")
+
+
+def _rotate(volume: Path, *, token: str) -> str:
+    """Write a new generation of the volume with ``token`` (the other files and every mode and
+    owner as they were) and publish it, as the kubelet does when it refreshes the token; the
+    generation it replaced."""
+    previous = os.readlink(volume / "..data")
+    fresh = volume / f"..{time.strftime('%Y_%m_%d_%H_%M_%S')}.rotated"
+    fresh.mkdir()
+    shutil.copystat(volume / previous, fresh)
+    os.chown(fresh, -1, (volume / previous).stat().st_gid)
+    for old in (volume / previous).iterdir():
+        new = fresh / old.name
+        new.write_bytes(token.encode() if old.name == "token" else old.read_bytes())
+        shutil.copystat(old, new)
+        os.chown(new, -1, old.stat().st_gid)
+    _publish(volume, directory=fresh.name)
+    return previous
+
+
+def _first_write(test: NodeTest, pod: dict[str, Any], *, refused: bool, timeout: float) -> str:
+    """Create a labelled ConfigMap every few seconds until the manager's write of its mirror
+    is refused (403) or, with ``refused=False``, done; that ConfigMap's name. Which request
+    first carries a re-read token is not known in advance, so each attempt is a new object."""
+    deadline = time.monotonic() + timeout
+    attempt = 0
+    while time.monotonic() < deadline:
+        prefix = f"rotated-{'refused' if refused else 'accepted'}-{attempt}"
+        asyncio.run(_create_configmaps(test, count=1, prefix=prefix, labelled=True))
+        name = f"{prefix}-000000"
+        seen = time.monotonic() + 5
+        while time.monotonic() < seen:
+            for line in test.manager_lines(pod, "reconcile"):
+                if line["name"] != name:
+                    continue
+                if refused and "forbidden" in line.get("error", ""):
+                    return name
+                if not refused and line["result"] == "created":
+                    return name
+            time.sleep(0.5)
+        attempt += 1
+    raise TimeoutError(f"no write {'refused' if refused else 'done'} in {timeout:.0f}s")
+
+
+def test_token_rotation_is_read(node_test: NodeTest) -> None:
+    """The pod's token file changes the way the kubelet rotates it (a new ``..data``
+    generation): within warmwatch's re-read period its upstream requests carry the new token.
+
+    The kubelet itself refreshes a 600 s token only after 480 s, and the old token stays valid
+    until it expires: waiting for that would add ~10 minutes to CI. So the kubelet is paused
+    (SIGSTOP: its periodic remount would restore its own token), the file is rotated to a valid
+    token of another service account without any grant, and the manager's next write through
+    warmwatch is refused (403) within the re-read period; rotated back, it succeeds again."""
+    test = node_test
+    pod = test.pod()
+    test.kubectl("create", "serviceaccount", "-n", NAMESPACE, "rotated")
+    token = test.kubectl(
+        "create", "token", "-n", NAMESPACE, "rotated", "--duration=600s"
+    ).stdout.strip()
+    volume = _token_volume(test, pod)
+    kubelet = test.plane.state().pids["kubelet"]
+    os.kill(kubelet, signal.SIGSTOP)
+    try:
+        original = _rotate(volume, token=token)
+        rotated_at = time.monotonic()
+        refused = _first_write(test, pod, refused=True, timeout=TOKEN_REREAD + 30)
+        print(f"node: rotated token in use {time.monotonic() - rotated_at:.0f}s after rotation")
+        assert not _mirrored(test, refused)
+        _publish(volume, directory=original)
+        # rotated back: a later write is done again (the refused one's retry backs off)
+        accepted = _first_write(test, pod, refused=False, timeout=TOKEN_REREAD + 30)
+        assert _mirrored(test, accepted)
+    finally:
+        os.kill(kubelet, signal.SIGCONT)
+
+
 OLD_SCHEMA_COMMIT = "a127b88"
 """The last commit whose database is schema version 2 (the next one, ed2b209, made it 3 and
 migrates version 2 in place)."""
@@ -524,8 +658,7 @@ def test_upgrade_keeps_cache(node_test: NodeTest, tmp_path: Path) -> None:
         images.build_warmwatch(tag=f"localhost/warmwatch:{old_tag}", context=context)
     )
     _remove_deployment(test, "crmanager")  # a fresh one on the old release
-    rendered = test.kubectl("kustomize", str(_kustomization(test, warmwatch_tag=old_tag))).stdout
-    test.kubectl("apply", "-f", "-", stdin=rendered)
+    _deploy(test, _kustomization(test, warmwatch_tag=old_tag), statefulset="crmanager")
     old = _synced_pod(test)
     assert _schema_version(test) == "2"
 
@@ -593,9 +726,7 @@ def test_kube_controller_manager_in_an_image(node_test: NodeTest) -> None:
     test.plane.load_image(KCM_IMAGE)
     _remove_deployment(test, "crmanager")
     test.pod_name = "kcm-0"
-    directory = _kustomization(test, app="kcm", resources=KCM_RESOURCES)
-    rendered = test.kubectl("kustomize", str(directory)).stdout
-    test.kubectl("apply", "-f", "-", stdin=rendered)
+    _deploy(test, _kustomization(test, app="kcm", resources=KCM_RESOURCES), statefulset="kcm")
     _wait(
         lambda: test.pod().get("status", {}).get("containerStatuses", [{}])[0].get("ready"),
         what="kube-controller-manager running",
