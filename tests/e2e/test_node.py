@@ -158,6 +158,7 @@ def _port_free(port: int, host: str = "127.0.0.1") -> bool:
 @pytest.fixture(scope="module")
 def node_test(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeTest]:
     assert _port_free(8001) and _port_free(9090), "the component's ports are taken on this host"
+    images.ensure_packages()  # iptables-save among them, on a fresh machine
     iptables_before = node_module.iptables_rules()
     plane = ControlPlane(tmp_path_factory.mktemp("node-plane"))
     try:
