@@ -9,7 +9,7 @@
     python -m loadtest.cluster stop-controller-manager --dir DIR    # pause the harness's own
     python -m loadtest.cluster start-controller-manager --dir DIR   # ... and resume it
     python -m loadtest.cluster status --dir DIR
-    python -m loadtest.cluster build                  # only build the binaries
+    python -m loadtest.cluster build                  # only build the binaries (kubelet too)
     python -m loadtest.cluster gen-gomod              # regenerate loadtest/k8sbuild/go.mod
 
 ``up`` writes ``DIR/admin.kubeconfig`` (group system:masters) and ``DIR/restricted.kubeconfig``
@@ -583,6 +583,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "build":
         print(building.ensure_binaries().directory)
+        # `make test` builds here, before pytest's per-test timeout runs: the node tests'
+        # kubelet too (~70 s once, with the control plane's Go build cache)
+        print(building.ensure_node_binaries())
         return 0
     if args.command == "gen-gomod":
         building.generate_gomod()
