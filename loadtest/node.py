@@ -46,9 +46,6 @@ kubelet's own files (``KUBELET_FILES``), then removed when empty."""
 KUBELET_FILES = ("kubelet.sock", "kubelet_internal_checkpoint", "DEPRECATION")
 """What the kubelet's device manager writes into /var/lib/kubelet/device-plugins."""
 
-READY_TIMEOUT = 120.0
-"""The node is Ready ~2 s after the kubelet starts on an idle machine; CI shares 2 cores."""
-
 
 def _mounts() -> list[str]:
     return [
@@ -222,7 +219,7 @@ state = "{self.containerd_state}"
         listed = subprocess.run(
             self.ctr("images", "list", "-q"), capture_output=True, text=True, check=False
         ).stdout
-        return image in listed.split() or f"{image}" in listed
+        return image in listed.split()
 
     def load_image(self, image: str) -> None:
         """``podman save --format docker-archive IMAGE | ctr -n k8s.io images import -``."""

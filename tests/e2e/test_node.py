@@ -180,6 +180,37 @@ def node_test(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeTest]:
         plane.down()
 
 
+def _local_volume(path: Path) -> dict[str, Any]:
+    """A ``local`` PersistentVolume at ``path`` on the node, for the StatefulSet's claim."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": f"{NAMESPACE}-cache"},
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": "",
+            "local": {"path": str(path)},
+            "nodeAffinity": {
+                "required": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {
+                                    "key": "kubernetes.io/hostname",
+                                    "operator": "In",
+                                    "values": [node_module.NODE_NAME],
+                                }
+                            ]
+                        }
+                    ]
+                }
+            },
+        },
+    }
+
+
 MANAGER_RESOURCES = (f"v1/configmaps@{NAMESPACE};protobuf", f"v1/configmaps@{NAMESPACE}")
 """protobuf: what the typed manager reads; JSON: what this test reads of the cache."""
 
@@ -199,37 +230,7 @@ def _kustomization(
     volume.mkdir(parents=True, exist_ok=True)
     directory.mkdir(exist_ok=True)
     port = test.plane.state().apiserver_port
-    (directory / "pv.yaml").write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "PersistentVolume",
-                "metadata": {"name": f"{NAMESPACE}-cache"},
-                "spec": {
-                    "capacity": {"storage": "1Gi"},
-                    "accessModes": ["ReadWriteOnce"],
-                    "persistentVolumeReclaimPolicy": "Retain",
-                    "storageClassName": "",
-                    "local": {"path": str(volume)},
-                    "nodeAffinity": {
-                        "required": {
-                            "nodeSelectorTerms": [
-                                {
-                                    "matchExpressions": [
-                                        {
-                                            "key": "kubernetes.io/hostname",
-                                            "operator": "In",
-                                            "values": [node_module.NODE_NAME],
-                                        }
-                                    ]
-                                }
-                            ]
-                        }
-                    },
-                },
-            }
-        )
-    )
+    (directory / "pv.yaml").write_text(json.dumps(_local_volume(volume)))
     sidecar_env = {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
