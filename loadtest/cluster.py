@@ -377,6 +377,8 @@ class ControlPlane:
             state.node = True
             state.kubelet_port = free_port()
             state.kubelet_healthz_port = free_port()
+            # a running kube-controller-manager lacks the controllers pods need: restarted
+            self._stop(state.pids.pop("kube-controller-manager", 0))
         self._save(state)
         pki.create(self.pki.directory)
         server = f"https://127.0.0.1:{state.apiserver_port}"
