@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 DEMO_DIR ?= /tmp/warmwatch-demo
 
-.PHONY: test lint unit e2e demo demo-down binaries clean lock
+.PHONY: test lint unit e2e demo demo-down binaries image clean lock
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,6 +16,12 @@ $(VENV)/.installed: pyproject.toml
 
 binaries: $(VENV)/.installed
 	$(PY) -m loadtest.cluster build
+
+# The sidecar's image, localhost/warmwatch:dev, with podman (docker where its daemon runs),
+# on a Debian base built here (cached) unless PYTHON_IMAGE names one, e.g.
+# `make image PYTHON_IMAGE=python:3.11-slim-bookworm` where a registry is reachable.
+image: $(VENV)/.installed
+	$(PY) -m loadtest.images warmwatch $(if $(PYTHON_IMAGE),--python-image $(PYTHON_IMAGE))
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

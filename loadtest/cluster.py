@@ -1,13 +1,15 @@
 """A real local control plane: etcd, kube-apiserver and kube-controller-manager on loopback.
 
     python -m loadtest.cluster up --dir DIR           # build (cached), start, wait for /readyz
+    python -m loadtest.cluster up --dir DIR --node    # ... and a kubelet + containerd node
+    python -m loadtest.cluster load-image --dir DIR IMAGE   # podman image -> the node
     python -m loadtest.cluster down --dir DIR         # stop everything, leave no process behind
     python -m loadtest.cluster stop-apiserver --dir DIR
     python -m loadtest.cluster start-apiserver --dir DIR
     python -m loadtest.cluster stop-controller-manager --dir DIR    # pause the harness's own
     python -m loadtest.cluster start-controller-manager --dir DIR   # ... and resume it
     python -m loadtest.cluster status --dir DIR
-    python -m loadtest.cluster build                  # only build the binaries
+    python -m loadtest.cluster build                  # only build the binaries (kubelet too)
     python -m loadtest.cluster gen-gomod              # regenerate loadtest/k8sbuild/go.mod
 
 ``up`` writes ``DIR/admin.kubeconfig`` (group system:masters) and ``DIR/restricted.kubeconfig``
@@ -18,6 +20,12 @@ deletion, garbage collection), so Pods can be created (they stay Pending: there 
 Tests that run their own kube-controller-manager (tests/e2e/test_kube_controller_manager.py)
 pause the harness's with ``stop-controller-manager``: it stays stopped across
 ``stop-apiserver``/``start-apiserver`` until ``start-controller-manager`` (or ``up``).
+
+With ``--node`` (loadtest/node.py) the plane also runs containerd and a kubelet registered as
+the Ready node ``127.0.0.1``, and kube-controller-manager also runs the controllers pods need
+(``NODE_CONTROLLERS``: StatefulSets, volume binding, the root-CA publisher, ...). Pods on it
+use ``hostNetwork: true``, ``nodeName: 127.0.0.1`` (there is no scheduler) and images given
+with ``load-image``.
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from loadtest import building, pki
+from loadtest import node as node_module
 from loadtest.ports import free_port
 
 READY_TIMEOUT = 90.0
@@ -58,6 +67,30 @@ STOP_TIMEOUT = 15.0
 CONTROLLER_MANAGER_QPS = 200
 CONTROLLER_MANAGER_BURST = 400
 """kube-controller-manager's --kube-api-qps/--kube-api-burst (also loadtest.controllers')."""
+
+CONTROLLERS = ("serviceaccount", "serviceaccount-token", "namespace", "garbagecollector")
+"""What objects need without nodes."""
+
+NODE_CONTROLLERS = (
+    *CONTROLLERS,
+    "root-ca-certificate-publisher-controller",  # pods mount kube-root-ca.crt
+    "statefulset-controller",
+    "replicaset-controller",
+    "deployment-controller",
+    "persistentvolume-binder-controller",
+    "persistentvolume-protection-controller",
+    "persistentvolumeclaim-protection-controller",
+    "node-lifecycle-controller",
+    "pod-garbage-collector-controller",
+)
+"""With ``--node``: what pods of Deployments and StatefulSets with volume claims need."""
+
+NODE_CONTROLLER_FLAGS = ("--pvclaimbinder-sync-period=1s",)
+"""A claim created beside its volume (one ``kubectl apply``) waits for the binder's next pass
+over the claims: 15 s by default, which a test's pod would wait too."""
+
+NODE_READY_TIMEOUT = 120.0
+"""The node is Ready ~2 s after the kubelet starts on an idle machine; CI shares 2 cores."""
 
 ETCD_COMPACTION_INTERVAL = os.environ.get("WARMWATCH_ETCD_COMPACTION_INTERVAL", "5m")
 """The apiserver compacts etcd this often (its default); fault tests shorten it."""
@@ -83,6 +116,10 @@ class State:
     pids: dict[str, int] = field(default_factory=dict)
     controller_manager_paused: bool = False
     """Set by ``stop_controller_manager``: ``start_apiserver`` leaves it stopped then."""
+    node: bool = False
+    """``up --node``: containerd and a kubelet run too (their ports below)."""
+    kubelet_port: int = 0
+    kubelet_healthz_port: int = 0
 
 
 class ControlPlane:
@@ -294,7 +331,7 @@ class ControlPlane:
             [
                 str(Path(state.binaries) / "kube-controller-manager"),
                 f"--kubeconfig={self.admin_kubeconfig}",
-                "--controllers=serviceaccount,serviceaccount-token,namespace,garbagecollector",
+                f"--controllers={','.join(NODE_CONTROLLERS if state.node else CONTROLLERS)}",
                 f"--service-account-private-key-file={self.pki.service_account_key}",
                 f"--root-ca-file={self.pki.ca_cert}",
                 "--leader-elect=false",
@@ -302,29 +339,24 @@ class ControlPlane:
                 "--secure-port=0",
                 f"--kube-api-qps={CONTROLLER_MANAGER_QPS}",
                 f"--kube-api-burst={CONTROLLER_MANAGER_BURST}",
+                *(NODE_CONTROLLER_FLAGS if state.node else ()),
                 "--v=1",
             ],
         )
         self._save(state)
 
     def _ready(self) -> bool:
-        context = ssl.create_default_context(cafile=str(self.pki.ca_cert))
-        admin = self.pki.identity("admin")
-        context.load_cert_chain(str(admin.certificate), str(admin.key))
-        connection = http.client.HTTPSConnection(
-            "127.0.0.1", self.state().apiserver_port, context=context, timeout=5
-        )
-        try:
-            connection.request("GET", "/readyz")
-            return connection.getresponse().status == 200
-        except OSError:
-            return False
-        finally:
-            connection.close()
+        return self._get("/readyz")[0] == 200
 
     # -- commands --------------------------------------------------------------------------
 
-    def up(self) -> None:
+    @property
+    def node(self) -> node_module.Node:
+        return node_module.Node(
+            directory=self.directory, spawn=self._spawn, stop=self._stop, alive=self._alive
+        )
+
+    def up(self, *, node: bool = False) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         binaries = building.ensure_binaries()
         if self.state_file.exists():
@@ -341,6 +373,12 @@ class ControlPlane:
             )
             self._save(state)
         state.controller_manager_paused = False  # `up` brings every component up
+        if node and not state.node:
+            state.node = True
+            state.kubelet_port = free_port()
+            state.kubelet_healthz_port = free_port()
+            # a running kube-controller-manager lacks the controllers pods need: restarted
+            self._stop(state.pids.pop("kube-controller-manager", 0))
         self._save(state)
         pki.create(self.pki.directory)
         server = f"https://127.0.0.1:{state.apiserver_port}"
@@ -355,12 +393,76 @@ class ControlPlane:
             self._start_etcd(state)
             self._start_apiserver(state)
             self._start_controller_manager(state)
+            if state.node:
+                self._start_node(state)
         except BaseException:
             self.down()
             raise
         _say(
             f"control plane ready at {server} in {time.monotonic() - started:.1f}s"
             + ("" if state.full else " (FALLBACK: CRDs only, no core resources)")
+        )
+
+    def _start_node(self, state: State) -> None:
+        started = time.monotonic()
+        self.node.start(
+            pids=state.pids,
+            binaries=building.ensure_node_binaries(),
+            kubeconfig=self.admin_kubeconfig,
+            ports={"kubelet": state.kubelet_port, "healthz": state.kubelet_healthz_port},
+        )
+        self._save(state)
+        _wait_for(
+            self._node_ready,
+            what=f"node {node_module.NODE_NAME} Ready",
+            timeout=NODE_READY_TIMEOUT,
+            alive=lambda: self._alive(state.pids.get("kubelet")),
+            log=self.logs / "kubelet.log",
+        )
+        _say(f"node {node_module.NODE_NAME} Ready in {time.monotonic() - started:.1f}s")
+
+    def _get(self, path: str) -> tuple[int, bytes]:
+        """GET ``path`` from the apiserver as admin: status and body (0 when unreachable)."""
+        context = ssl.create_default_context(cafile=str(self.pki.ca_cert))
+        admin = self.pki.identity("admin")
+        context.load_cert_chain(str(admin.certificate), str(admin.key))
+        connection = http.client.HTTPSConnection(
+            "127.0.0.1", self.state().apiserver_port, context=context, timeout=5
+        )
+        try:
+            connection.request("GET", path)
+            answer = connection.getresponse()
+            return answer.status, answer.read()
+        except OSError:
+            return 0, b""
+        finally:
+            connection.close()
+
+    def _node_ready(self) -> bool:
+        status, body = self._get(f"/api/v1/nodes/{node_module.NODE_NAME}")
+        if status != 200:
+            return False
+        conditions = json.loads(body).get("status", {}).get("conditions", [])
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+    def load_image(self, image: str) -> None:
+        """Import ``image`` from podman's store into the node's containerd."""
+        self.node.load_image(image)
+
+    def _delete_pods(self) -> None:
+        """Every pod, at once: the kubelet stops their containers and unmounts their volumes."""
+        kubectl = [str(self.kubectl()), f"--kubeconfig={self.admin_kubeconfig}"]
+        for workloads in ("statefulsets,deployments,replicasets", "pods"):
+            subprocess.run(
+                [*kubectl, "delete", workloads, "--all", "-A", "--wait=false"],
+                capture_output=True,
+                timeout=60,
+                check=False,
+            )
+        _wait_for(
+            lambda: json.loads(self._get("/api/v1/pods")[1] or b'{"items": []}')["items"] == [],
+            what="pods deleted",
+            timeout=60,
         )
 
     def stop_apiserver(self) -> None:
@@ -395,6 +497,12 @@ class ControlPlane:
     def down(self) -> None:
         if self.state_file.exists():
             state = self.state()
+            if state.node:
+                apiserver_up = self._alive(state.pids.get("kube-apiserver"))
+                self.node.stop(
+                    pids=state.pids, delete_pods=self._delete_pods if apiserver_up else None
+                )
+                self._save(state)
             for name in ("kube-controller-manager", "kube-apiserver", "etcd"):
                 self._stop(state.pids.pop(name, 0))
             self._save(state)
@@ -406,7 +514,15 @@ class ControlPlane:
         return {name: self._alive(pid) for name, pid in state.pids.items()}
 
 
-_PROCESS_NAMES = {"etcd", "kube-apiserver", "kube-controller-manager", "apiextensions-apiserver"}
+_PROCESS_NAMES = {
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "apiextensions-apiserver",
+    "kubelet",
+    "containerd",
+    "containerd-shim-runc-v2",
+}
 
 
 def _reap(pid: int) -> None:
@@ -458,19 +574,30 @@ def main(argv: list[str] | None = None) -> int:
         "status",
     ):
         commands.add_parser(name).add_argument("--dir", required=True, type=Path)
+    commands.choices["up"].add_argument(
+        "--node", action="store_true", help="also run containerd and a kubelet (a Ready node)"
+    )
+    load_image = commands.add_parser("load-image")
+    load_image.add_argument("--dir", required=True, type=Path)
+    load_image.add_argument("image")
     commands.add_parser("build")
     commands.add_parser("gen-gomod")
     args = parser.parse_args(argv)
     if args.command == "build":
         print(building.ensure_binaries().directory)
+        # `make test` builds here, before pytest's per-test timeout runs: the node tests'
+        # kubelet too (~70 s once, with the control plane's Go build cache)
+        print(building.ensure_node_binaries())
         return 0
     if args.command == "gen-gomod":
         building.generate_gomod()
         return 0
     plane = ControlPlane(args.dir)
     if args.command == "up":
-        plane.up()
+        plane.up(node=args.node)
         print(f"export KUBECONFIG={plane.admin_kubeconfig}")
+    elif args.command == "load-image":
+        plane.load_image(args.image)
     elif args.command == "down":
         plane.down()
     elif args.command == "stop-apiserver":

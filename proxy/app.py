@@ -226,7 +226,8 @@ class App:
         if settings.client_auth.mode == "none":
             logger.warning(
                 "--client-auth none: every local caller acts with warmwatch's own "
-                "identity (like kubectl proxy); for development and tests only"
+                "identity (like kubectl proxy); only for a loopback that only trusted "
+                "clients share (a pod's own, without hostNetwork)"
             )
         # The health port first: /livez answers while the cache opens, /readyz says "starting".
         await self._serve(

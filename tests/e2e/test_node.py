@@ -1,0 +1,765 @@
+"""warmwatch where its users run it: the image, ``deploy/component`` and a real kubelet.
+
+The module brings up its own control plane with a node (``ControlPlane.up(node=True)``:
+containerd and a kubelet, loadtest/node.py), so that stopping its apiserver and the
+kube-controller-manager controllers pods need disturb no other test; ~15 s, plus the image
+builds (cached: ~25 s when only the code changed). It builds ``localhost/warmwatch:dev``
+(``make image``) and the controller-runtime manager of tests/crmanager as a scratch image,
+loads both into the node, and deploys ``tests/node/machine`` — the manager's StatefulSet with
+the component, and only what the test machine forces — rendered by the plane's
+``kubectl kustomize``. The scenarios run in order on that one deployment, each asserting what
+the manager prints and what warmwatch's metrics show; the last one stops the node and checks
+that nothing of it is left on the machine.
+
+The pod runs with ``hostNetwork``: warmwatch listens on the host's 127.0.0.1:8001 and
+0.0.0.0:9090 (the component's ports), which the harness never hands out (ports.py: ≥ 10000).
+``WARMWATCH_NODE_OBJECTS`` sets the number of ConfigMaps (default 1,000; the README's start
+times are from a run with 20,000, printed by the tests as ``node: ...`` lines).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loadtest import crmanager, images, kubeapi
+from loadtest import node as node_module
+from loadtest.cluster import ControlPlane
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+TREES = REPO / "tests" / "node"
+CRMANAGER_IMAGE = "localhost/warmwatch-crmanager:dev"
+KCM_IMAGE = "localhost/warmwatch-kcm:dev"
+NAMESPACE = "node-test"
+LABELS = {"warmwatch.test/mirror": "true"}
+METRICS = "http://127.0.0.1:9090/metrics"
+OBJECTS = int(os.environ.get("WARMWATCH_NODE_OBJECTS", "1000"))
+LABELLED = 20
+"""Of the ConfigMaps, this many are mirrored by the manager (the rest are only cached)."""
+
+POD_TIMEOUT = 180.0
+"""Pod creation to the manager synced: a cold fill of 20,000 objects is ~10 s, but CI is slow."""
+EFFECT_TIMEOUT = 60.0
+"""Seconds for the running manager to mirror a new ConfigMap."""
+
+
+@dataclass
+class NodeTest:
+    """The module's plane with its node, and what the scenarios carry from one to the next."""
+
+    plane: ControlPlane
+    workdir: Path
+    iptables_before: str
+    figures: dict[str, float] = field(default_factory=dict)
+    pod_name: str = "crmanager-0"
+    """The StatefulSet's one pod: the crmanager's, later kube-controller-manager's."""
+
+    def kubectl(
+        self, *args: str, check: bool = True, stdin: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [str(self.plane.kubectl()), f"--kubeconfig={self.plane.admin_kubeconfig}", *args],
+            capture_output=True,
+            text=True,
+            input=stdin,
+            timeout=120,
+            check=False,
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)}: {result.stderr}")
+        return result
+
+    def pod(self) -> dict[str, Any]:
+        found = self.kubectl(
+            "get", "pod", "-n", NAMESPACE, self.pod_name, "-o", "json", check=False
+        )
+        return json.loads(found.stdout) if found.returncode == 0 else {}
+
+    def container_log(self, pod: dict[str, Any], container: str) -> list[tuple[datetime, str]]:
+        """The current run's lines of ``container`` from the kubelet's log files on disk (read
+        while the apiserver is down too): (time, text)."""
+        meta = pod["metadata"]
+        directory = (
+            self.plane.directory
+            / "node"
+            / "pod-logs"
+            / f"{meta['namespace']}_{meta['name']}_{meta['uid']}"
+            / container
+        )
+        files = sorted(directory.glob("*.log"), key=lambda p: int(p.stem))
+        if not files:
+            return []
+        lines = []
+        for raw in files[-1].read_text(errors="replace").splitlines():
+            stamp, _stream, _tag, text = raw.split(" ", 3)
+            lines.append((datetime.fromisoformat(stamp), text))
+        return lines
+
+    def manager_lines(self, pod: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+        found = []
+        for _, text in self.container_log(pod, "manager"):
+            with contextlib.suppress(json.JSONDecodeError):
+                line = json.loads(text)
+                if isinstance(line, dict) and line.get("kind") == kind:
+                    found.append(line)
+        return found
+
+
+def _metric(name: str, labels: dict[str, str] | None = None) -> float:
+    """Sum of the samples of ``name`` with ``labels`` on the pod's metrics port."""
+    with urllib.request.urlopen(METRICS, timeout=5) as answer:
+        text = answer.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        series, _, value = line.rpartition(" ")
+        metric, _, label_text = series.partition("{")
+        if line.startswith("#") or metric != name:
+            continue
+        found = dict(p.split("=", 1) for p in label_text.rstrip("}").split(",") if "=" in p)
+        if all(found.get(k, "").strip('"') == v for k, v in (labels or {}).items()):
+            total += float(value)
+    return total
+
+
+def _wait(check: Callable[[], Any], *, what: str, timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, KeyError, ValueError):
+            found = check()
+            if found:
+                return found
+        time.sleep(0.5)
+    raise TimeoutError(f"{what}: not after {timeout:.0f}s")
+
+
+def _port_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex((host, port)) != 0
+
+
+@pytest.fixture(scope="module")
+def node_test(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeTest]:
+    assert _port_free(8001) and _port_free(9090), "the component's ports are taken on this host"
+    images.ensure_packages()  # iptables-save among them, on a fresh machine
+    iptables_before = node_module.iptables_rules()
+    plane = ControlPlane(tmp_path_factory.mktemp("node-plane"))
+    try:
+        plane.up(node=True)
+        images.build_warmwatch()
+        images.import_files(
+            image=CRMANAGER_IMAGE,
+            files={"/crmanager": crmanager.build()},
+            entrypoint=["/crmanager"],
+        )
+        for image in (images.WARMWATCH_IMAGE, CRMANAGER_IMAGE):
+            plane.load_image(image)
+        yield NodeTest(
+            plane=plane,
+            workdir=tmp_path_factory.mktemp("node-deploy"),
+            iptables_before=iptables_before,
+        )
+    finally:
+        plane.down()
+
+
+def _local_volume(path: Path) -> dict[str, Any]:
+    """A ``local`` PersistentVolume at ``path`` on the node, for the StatefulSet's claim."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": f"{NAMESPACE}-cache"},
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": "",
+            "local": {"path": str(path)},
+            "nodeAffinity": {
+                "required": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {
+                                    "key": "kubernetes.io/hostname",
+                                    "operator": "In",
+                                    "values": [node_module.NODE_NAME],
+                                }
+                            ]
+                        }
+                    ]
+                }
+            },
+        },
+    }
+
+
+MANAGER_RESOURCES = (f"v1/configmaps@{NAMESPACE};protobuf", f"v1/configmaps@{NAMESPACE}")
+"""protobuf: what the typed manager reads; JSON: what this test reads of the cache."""
+
+
+def _kustomization(
+    test: NodeTest,
+    *,
+    app: str = "crmanager",
+    resources: tuple[str, ...] = MANAGER_RESOURCES,
+    warmwatch_tag: str = "dev",
+) -> Path:
+    """The last layer: the controller ``app`` (a tree in tests/node) with the machine's
+    component, the namespace, the apiserver's port, the --resource flags, a local PV, and the
+    sidecar's image tag."""
+    directory = test.workdir / "deploy"
+    volume = test.workdir / "volume"
+    volume.mkdir(parents=True, exist_ok=True)
+    directory.mkdir(exist_ok=True)
+    port = test.plane.state().apiserver_port
+    (directory / "pv.yaml").write_text(json.dumps(_local_volume(volume)))
+    sidecar_env = {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": "any"},
+        "spec": {
+            "template": {
+                "spec": {
+                    "initContainers": [
+                        {
+                            "name": "warmwatch",
+                            "env": [{"name": "KUBERNETES_SERVICE_PORT", "value": str(port)}],
+                        }
+                    ]
+                }
+            }
+        },
+    }
+    resource = [
+        {
+            "op": "add",
+            "path": "/spec/template/spec/initContainers/0/args/-",
+            "value": f"--resource={gvr}",
+        }
+        for gvr in resources
+    ]
+    (directory / "kustomization.yaml").write_text(
+        json.dumps(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "namespace": NAMESPACE,
+                "resources": [os.path.relpath(TREES / app, directory), "pv.yaml"],
+                "components": [os.path.relpath(TREES / "machine", directory)],
+                "images": [{"name": "localhost/warmwatch", "newTag": warmwatch_tag}],
+                "patches": [
+                    {"target": {"kind": "StatefulSet"}, "patch": json.dumps(sidecar_env)},
+                    {"target": {"kind": "StatefulSet"}, "patch": json.dumps(resource)},
+                ],
+            }
+        )
+    )
+    return directory
+
+
+def _deploy(test: NodeTest, directory: Path, *, statefulset: str) -> None:
+    """``kubectl kustomize DIRECTORY | kubectl apply``, after the volume and the StatefulSet's
+    claim on it are bound: a pod whose claim is not bound yet when it reaches the kubelet
+    waits ~15 s for the kubelet's next attempt (the claim made by the StatefulSet controller
+    and its pod are created together; the StatefulSet adopts an existing claim)."""
+    claim = f"warmwatch-cache-{statefulset}-0"
+    test.kubectl("apply", "-f", str(directory / "pv.yaml"))
+    test.kubectl(
+        "apply",
+        "-f",
+        "-",
+        stdin=json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {"name": claim, "namespace": NAMESPACE},
+                "spec": {
+                    "accessModes": ["ReadWriteOnce"],
+                    "storageClassName": "",
+                    "volumeName": f"{NAMESPACE}-cache",
+                    "resources": {"requests": {"storage": "1Gi"}},
+                },
+            }
+        ),
+    )
+    test.kubectl(
+        "wait",
+        "-n",
+        NAMESPACE,
+        f"pvc/{claim}",
+        "--for=jsonpath={.status.phase}=Bound",
+        f"--timeout={POD_TIMEOUT:.0f}s",
+    )
+    test.kubectl("apply", "-f", "-", stdin=test.kubectl("kustomize", str(directory)).stdout)
+
+
+async def _create_configmaps(test: NodeTest, *, count: int, prefix: str, labelled: bool) -> None:
+    async with kubeapi.RawClient(
+        base_url=test.plane.server,
+        ssl_context=kubeapi.client_ssl(test.plane.pki, identity="admin"),
+    ) as api:
+        await kubeapi.create_configmaps(
+            api,
+            namespace=NAMESPACE,
+            count=count,
+            prefix=prefix,
+            labels=LABELS if labelled else None,
+        )
+
+
+def _mirrored(test: NodeTest, name: str) -> bool:
+    found = test.kubectl("get", "configmap", "-n", NAMESPACE, f"{name}-mirror", check=False)
+    return found.returncode == 0
+
+
+def _synced_pod(test: NodeTest, *, restarts: int = 0, not_uid: str = "") -> dict[str, Any]:
+    """Wait until the pod (a new one when ``not_uid``) runs its manager's ``restarts``-th
+    restart and that run has printed ``synced``; the pod."""
+
+    def ready() -> dict[str, Any] | None:
+        pod = test.pod()
+        if not pod or pod["metadata"]["uid"] == not_uid:
+            return None
+        statuses = pod.get("status", {}).get("containerStatuses", [])
+        if not statuses or statuses[0]["restartCount"] < restarts:
+            return None
+        return pod if test.manager_lines(pod, "synced") else None
+
+    found: dict[str, Any] = _wait(ready, what="manager synced", timeout=POD_TIMEOUT)
+    return found
+
+
+def _seconds_to_synced(test: NodeTest, pod: dict[str, Any]) -> float:
+    """Pod creation (the apiserver's timestamp, whole seconds) to the manager's synced line."""
+    created = datetime.fromisoformat(pod["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
+    synced = next(t for t, text in test.container_log(pod, "manager") if '"synced"' in text)
+    return (synced - created).total_seconds()
+
+
+def _pid(program: bytes) -> int:
+    """The process in the pod whose command line has ``program`` (the host sees the
+    containers' processes)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            if program in argv[:2]:
+                return int(entry.name)
+    raise LookupError(f"no process {program!r}")
+
+
+def _phases(test: NodeTest, pod: dict[str, Any]) -> str:
+    """Where a start's time went: seconds from the pod's creation to each step."""
+    created = datetime.fromisoformat(pod["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
+    steps = {
+        "sidecar's first line": test.container_log(pod, "warmwatch")[0][0],
+        "manager's first line": test.container_log(pod, "manager")[0][0],
+    }
+    return ", ".join(f"{k} {(t - created).total_seconds():.1f}s" for k, t in steps.items())
+
+
+def _manager_pid() -> int:
+    return _pid(b"/crmanager")
+
+
+def _rss_bytes(program: bytes) -> int:
+    for line in Path(f"/proc/{_pid(program)}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def test_cold_start(node_test: NodeTest) -> None:
+    """The sidecar's startup probe gates the manager, which syncs through warmwatch (cached
+    as the manager reads it, protobuf) and mirrors; the sidecar logs JSON lines that
+    ``kubectl logs`` shows; its metrics port answers."""
+    test = node_test
+    test.kubectl("create", "namespace", NAMESPACE)
+    asyncio.run(_create_configmaps(test, count=OBJECTS - LABELLED, prefix="plain", labelled=False))
+    asyncio.run(_create_configmaps(test, count=LABELLED, prefix="src", labelled=True))
+    _deploy(test, _kustomization(test), statefulset="crmanager")
+
+    pod = _synced_pod(test)
+    (synced,) = test.manager_lines(pod, "synced")
+    # Every ConfigMap of the namespace: ours, kube-root-ca.crt and the component's kubeconfig.
+    assert synced["count"] == OBJECTS + 2
+    seconds = _seconds_to_synced(test, pod)
+    test.figures["cold"] = seconds
+    print(f"node: cold start, {OBJECTS} objects: pod created -> manager synced {seconds:.1f}s")
+    print(f"node: {_phases(test, pod)}")
+    assert _wait(
+        lambda: all(_mirrored(test, f"src-{i:06d}") for i in range(LABELLED)),
+        what="mirrors",
+        timeout=EFFECT_TIMEOUT,
+    )
+
+    # The gate: the manager started only after warmwatch had listed the configured collection.
+    sidecar_log = test.container_log(pod, "warmwatch")
+    listed_at = next(t for t, text in sidecar_log if "listed at RV" in text)
+    statuses = {s["name"]: s for s in pod["status"]["containerStatuses"]}
+    started = datetime.fromisoformat(
+        statuses["manager"]["state"]["running"]["startedAt"].replace("Z", "+00:00")
+    )
+    assert listed_at.timestamp() < started.timestamp() + 1  # startedAt is whole seconds
+
+    logs = test.kubectl("logs", "-n", NAMESPACE, test.pod_name, "-c", "warmwatch").stdout
+    records = [json.loads(line) for line in logs.splitlines()]
+    assert {"time", "level", "logger", "message"} <= set(records[0])
+    assert any(r.get("resource") == "v1/configmaps" and "objects" in r for r in records)
+
+    assert _metric("warmwatch_upstream_relists_total") == 2  # the cold fills: both encodings
+
+
+def test_controller_crash_restarts_from_cache(node_test: NodeTest) -> None:
+    """kill -9 of the manager: the kubelet restarts the container, which syncs from
+    warmwatch's cache with no upstream list or watch of the cached collection."""
+    test = node_test
+    relists = _metric("warmwatch_upstream_relists_total")
+    watches = _metric("warmwatch_upstream_requests_total", {"verb": "WATCH"})
+    lists = _metric("warmwatch_upstream_requests_total", {"verb": "LIST"})
+    os.kill(_manager_pid(), signal.SIGKILL)
+    pod = _synced_pod(test, restarts=1)
+    (synced,) = test.manager_lines(pod, "synced")
+    assert synced["count"] == OBJECTS + 2 + LABELLED  # the mirrors too
+    assert _metric("warmwatch_upstream_relists_total") == relists
+    assert _metric("warmwatch_upstream_requests_total", {"verb": "WATCH"}) == watches
+    assert _metric("warmwatch_upstream_requests_total", {"verb": "LIST"}) == lists
+    asyncio.run(_create_configmaps(test, count=1, prefix="after-crash", labelled=True))
+    assert _wait(
+        lambda: _mirrored(test, "after-crash-000000"), what="mirror", timeout=EFFECT_TIMEOUT
+    )
+
+
+def test_pod_deleted_resumes_from_volume(node_test: NodeTest) -> None:
+    """The StatefulSet's new pod finds the cache on its volume: warmwatch resumes the
+    collection (no list) and its watch from the stored resourceVersion."""
+    test = node_test
+    old = test.pod()
+    test.kubectl("delete", "pod", "-n", NAMESPACE, test.pod_name, "--wait=false")
+    pod = _synced_pod(test, not_uid=old["metadata"]["uid"])
+    seconds = _seconds_to_synced(test, pod)
+    test.figures["warm"] = seconds
+    print(f"node: warm start (pod deleted), {OBJECTS} objects: -> manager synced {seconds:.1f}s")
+    print(f"node: {_phases(test, pod)}")
+    sidecar_log = [text for _, text in test.container_log(pod, "warmwatch")]
+    assert any("(resumed, configured)" in text for text in sidecar_log), sidecar_log[:5]
+    assert not any("listed at RV" in text for text in sidecar_log)
+    assert _metric("warmwatch_upstream_relists_total") == 0
+    asyncio.run(_create_configmaps(test, count=1, prefix="after-delete", labelled=True))
+    assert _wait(
+        lambda: _mirrored(test, "after-delete-000000"), what="mirror", timeout=EFFECT_TIMEOUT
+    )
+    rss = _rss_bytes(b"/opt/warmwatch/bin/warmwatch")
+    print(f"node: warmwatch RSS in the pod {rss / 2**20:.0f} MiB ({OBJECTS} objects)")
+
+
+def _cached_names(*, name: str = "") -> set[str]:
+    """ConfigMaps of the namespace in warmwatch's cache: a LIST on the pod's listener (the
+    host's loopback: hostNetwork), which warmwatch answers from the cache."""
+    query = f"?fieldSelector=metadata.name%3D{name}" if name else ""
+    url = f"http://127.0.0.1:8001/api/v1/namespaces/{NAMESPACE}/configmaps{query}"
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        return {item["metadata"]["name"] for item in json.loads(answer.read())["items"]}
+
+
+def test_apiserver_down_controller_killed(node_test: NodeTest) -> None:
+    """A ConfigMap is created while the manager is frozen (SIGSTOP: it sees nothing, and the
+    kubelet does not restart it); then the apiserver stops and the manager is killed. It
+    restarts and syncs from the cache alone, the new ConfigMap included; when the apiserver
+    returns, this run mirrors it."""
+    test = node_test
+    pod = test.pod()
+    restarts = pod["status"]["containerStatuses"][0]["restartCount"]
+    frozen = _manager_pid()
+    os.kill(frozen, signal.SIGSTOP)
+    try:
+        asyncio.run(_create_configmaps(test, count=1, prefix="in-outage", labelled=True))
+        _wait(lambda: _cached_names(name="in-outage-000000"), what="cached", timeout=EFFECT_TIMEOUT)
+        test.plane.stop_apiserver()
+    finally:
+        os.kill(frozen, signal.SIGKILL)
+    try:
+
+        def synced_again() -> bool:
+            # the pod's status cannot be read now: the kubelet's log file of the next run
+            # (named by its restart count) tells the restart
+            numbers = [int(path.stem) for path in _log_files(test, pod)]
+            return max(numbers) > restarts and bool(test.manager_lines(pod, "synced"))
+
+        _wait(synced_again, what="manager synced, apiserver down", timeout=POD_TIMEOUT)
+        (synced,) = test.manager_lines(pod, "synced")
+        cached = _cached_names()
+        assert "in-outage-000000" in cached
+        assert synced["count"] == len(cached)
+        assert not _mirrored_in_cache("in-outage-000000")
+    finally:
+        test.plane.start_apiserver()
+    assert _wait(lambda: _mirrored(test, "in-outage-000000"), what="mirror", timeout=EFFECT_TIMEOUT)
+    created = {
+        line["name"] for line in test.manager_lines(pod, "reconcile") if line["result"] == "created"
+    }
+    assert "in-outage-000000" in created
+
+
+def _mirrored_in_cache(name: str) -> bool:
+    return bool(_cached_names(name=f"{name}-mirror"))
+
+
+def _log_files(test: NodeTest, pod: dict[str, Any]) -> Iterator[Path]:
+    meta = pod["metadata"]
+    directory = (
+        test.plane.directory
+        / "node"
+        / "pod-logs"
+        / f"{meta['namespace']}_{meta['name']}_{meta['uid']}"
+        / "manager"
+    )
+    return directory.glob("*.log")
+
+
+TOKEN_REREAD = 60.0
+"""warmwatch re-reads its in-cluster token file this often (``token_file_reread``, as
+client-go's cached file token source)."""
+
+
+def _token_volume(test: NodeTest, pod: dict[str, Any]) -> Path:
+    """The pod's service-account volume on the node (the kubelet's projected
+    ``kube-api-access-*``: token, ca.crt, namespace, behind the ``..data`` symlink)."""
+    projected = (
+        test.plane.directory
+        / "node/kubelet/root/pods"
+        / pod["metadata"]["uid"]
+        / "volumes/kubernetes.io~projected"
+    )
+    (volume,) = projected.glob("kube-api-access-*")
+    return volume
+
+
+def _publish(volume: Path, *, directory: str) -> None:
+    """Point ``..data`` at ``directory`` in one rename, as the kubelet's atomic writer does."""
+    link = volume / "..data_tmp"
+    link.symlink_to(directory)
+    link.rename(volume / "..data")
+
+
+def _rotate(volume: Path, *, token: str) -> str:
+    """Write a new generation of the volume with ``token`` (the other files and every mode and
+    owner as they were) and publish it, as the kubelet does when it refreshes the token; the
+    generation it replaced."""
+    previous = os.readlink(volume / "..data")
+    fresh = volume / f"..{time.strftime('%Y_%m_%d_%H_%M_%S')}.rotated"
+    fresh.mkdir()
+    shutil.copystat(volume / previous, fresh)
+    os.chown(fresh, -1, (volume / previous).stat().st_gid)
+    for old in (volume / previous).iterdir():
+        new = fresh / old.name
+        new.write_bytes(token.encode() if old.name == "token" else old.read_bytes())
+        shutil.copystat(old, new)
+        os.chown(new, -1, old.stat().st_gid)
+    _publish(volume, directory=fresh.name)
+    return previous
+
+
+def _first_write(test: NodeTest, pod: dict[str, Any], *, refused: bool, timeout: float) -> str:
+    """Create a labelled ConfigMap every few seconds until the manager's write of its mirror
+    is refused (403) or, with ``refused=False``, done; that ConfigMap's name. Which request
+    first carries a re-read token is not known in advance, so each attempt is a new object."""
+    deadline = time.monotonic() + timeout
+    attempt = 0
+    while time.monotonic() < deadline:
+        prefix = f"rotated-{'refused' if refused else 'accepted'}-{attempt}"
+        asyncio.run(_create_configmaps(test, count=1, prefix=prefix, labelled=True))
+        name = f"{prefix}-000000"
+        seen = time.monotonic() + 5
+        while time.monotonic() < seen:
+            for line in test.manager_lines(pod, "reconcile"):
+                if line["name"] != name:
+                    continue
+                if refused and "forbidden" in line.get("error", ""):
+                    return name
+                if not refused and line["result"] == "created":
+                    return name
+            time.sleep(0.5)
+        attempt += 1
+    raise TimeoutError(f"no write {'refused' if refused else 'done'} in {timeout:.0f}s")
+
+
+def test_token_rotation_is_read(node_test: NodeTest) -> None:
+    """The pod's token file changes the way the kubelet rotates it (a new ``..data``
+    generation): within warmwatch's re-read period its upstream requests carry the new token.
+
+    The kubelet itself refreshes a 600 s token only after 480 s, and the old token stays valid
+    until it expires: waiting for that would add ~10 minutes to CI. So the kubelet is paused
+    (SIGSTOP: its periodic remount would restore its own token), the file is rotated to a valid
+    token of another service account without any grant, and the manager's next write through
+    warmwatch is refused (403) within the re-read period; rotated back, it succeeds again."""
+    test = node_test
+    pod = test.pod()
+    test.kubectl("create", "serviceaccount", "-n", NAMESPACE, "rotated")
+    token = test.kubectl(
+        "create", "token", "-n", NAMESPACE, "rotated", "--duration=600s"
+    ).stdout.strip()
+    volume = _token_volume(test, pod)
+    kubelet = test.plane.state().pids["kubelet"]
+    os.kill(kubelet, signal.SIGSTOP)
+    try:
+        original = _rotate(volume, token=token)
+        rotated_at = time.monotonic()
+        refused = _first_write(test, pod, refused=True, timeout=TOKEN_REREAD + 30)
+        print(f"node: rotated token in use {time.monotonic() - rotated_at:.0f}s after rotation")
+        assert not _mirrored(test, refused)
+        _publish(volume, directory=original)
+        # rotated back: a later write is done again (the refused one's retry backs off)
+        accepted = _first_write(test, pod, refused=False, timeout=TOKEN_REREAD + 30)
+        assert _mirrored(test, accepted)
+    finally:
+        os.kill(kubelet, signal.SIGCONT)
+
+
+OLD_SCHEMA_COMMIT = "a127b88"
+"""The last commit whose database is schema version 2 (the next one, ed2b209, made it 3 and
+migrates version 2 in place)."""
+
+
+def _schema_version(test: NodeTest) -> str:
+    db = test.workdir / "volume" / "cache.db"
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as connection:
+        (version,) = connection.execute(
+            "SELECT value FROM meta WHERE key = 'schema_version'"
+        ).fetchone()
+    return str(version)
+
+
+def test_upgrade_keeps_cache(node_test: NodeTest, tmp_path: Path) -> None:
+    """A pod of an older release (schema version 2) is replaced by one of this build: the
+    new sidecar migrates the database on the volume in place and resumes from it, without a
+    relist, and the manager syncs."""
+    test = node_test
+    old_tag = "schema2"
+    context = images.release_context(commit=OLD_SCHEMA_COMMIT, directory=tmp_path / "old")
+    test.plane.load_image(
+        images.build_warmwatch(tag=f"localhost/warmwatch:{old_tag}", context=context)
+    )
+    _remove_deployment(test, "crmanager")  # a fresh one on the old release
+    _deploy(test, _kustomization(test, warmwatch_tag=old_tag), statefulset="crmanager")
+    old = _synced_pod(test)
+    assert _schema_version(test) == "2"
+
+    rendered = test.kubectl("kustomize", str(_kustomization(test))).stdout
+    test.kubectl("apply", "-f", "-", stdin=rendered)
+    pod = _synced_pod(test, not_uid=old["metadata"]["uid"])
+    assert pod["spec"]["initContainers"][0]["image"] == images.WARMWATCH_IMAGE
+    sidecar_log = [text for _, text in test.container_log(pod, "warmwatch")]
+    assert sum("(resumed, configured)" in text for text in sidecar_log) == 2, sidecar_log[:5]
+    assert not any("listed at RV" in text for text in sidecar_log)
+    assert _metric("warmwatch_upstream_relists_total") == 0
+    assert _schema_version(test) == "3"
+    (synced,) = test.manager_lines(pod, "synced")
+    assert synced["count"] == len(_cached_names())
+
+
+def _remove_deployment(test: NodeTest, statefulset: str) -> None:
+    """The StatefulSet, its pod, claim and volume go (the volume's files too)."""
+    test.kubectl("delete", "statefulset", "-n", NAMESPACE, statefulset, "--wait=true")
+    _wait(lambda: not test.pod(), what="pod gone", timeout=POD_TIMEOUT)
+    test.kubectl("delete", "pvc", "-n", NAMESPACE, "--all", "--wait=true")
+    test.kubectl("delete", "pv", f"{NAMESPACE}-cache", "--wait=true")
+    shutil.rmtree(test.workdir / "volume")
+
+
+KCM_RESOURCES = ("batch/v1/jobs;protobuf", "v1/pods;protobuf")
+"""What the Job controller lists and watches (kube-controller-manager reads protobuf)."""
+
+
+def _job(name: str) -> str:
+    return json.dumps(
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "spec": {
+                "template": {
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "containers": [{"name": "main", "image": "localhost/none"}],
+                    }
+                }
+            },
+        }
+    )
+
+
+def _job_pods(test: NodeTest, job: str) -> list[str]:
+    found = test.kubectl(
+        "get", "pods", "-n", NAMESPACE, "-l", f"job-name={job}", "-o", "name"
+    ).stdout
+    return found.split()
+
+
+def test_kube_controller_manager_in_an_image(node_test: NodeTest) -> None:
+    """kube-controller-manager as the controller: its Job controller creates a Job's pod
+    through warmwatch; killed, it restarts from the cache (no relist) and keeps working."""
+    test = node_test
+    binaries = Path(test.plane.state().binaries)
+    images.import_files(
+        image=KCM_IMAGE,
+        files={"/kube-controller-manager": binaries / "kube-controller-manager"},
+        entrypoint=["/kube-controller-manager"],
+    )
+    test.plane.load_image(KCM_IMAGE)
+    _remove_deployment(test, "crmanager")
+    test.pod_name = "kcm-0"
+    _deploy(test, _kustomization(test, app="kcm", resources=KCM_RESOURCES), statefulset="kcm")
+    _wait(
+        lambda: test.pod().get("status", {}).get("containerStatuses", [{}])[0].get("ready"),
+        what="kube-controller-manager running",
+        timeout=POD_TIMEOUT,
+    )
+    test.kubectl("apply", "-f", "-", stdin=_job("first"))
+    _wait(lambda: _job_pods(test, "first"), what="the Job's pod", timeout=EFFECT_TIMEOUT)
+    relists = _metric("warmwatch_upstream_relists_total")
+    assert relists >= len(KCM_RESOURCES)  # cold fills: the configured, any learned
+
+    os.kill(_pid(b"/kube-controller-manager"), signal.SIGKILL)
+    _wait(
+        lambda: (
+            test.pod()["status"]["containerStatuses"][0]["restartCount"] == 1
+            and test.pod()["status"]["containerStatuses"][0]["ready"]
+        ),
+        what="kube-controller-manager restarted",
+        timeout=POD_TIMEOUT,
+    )
+    test.kubectl("apply", "-f", "-", stdin=_job("second"))
+    _wait(lambda: _job_pods(test, "second"), what="the Job's pod", timeout=EFFECT_TIMEOUT)
+    assert len(_job_pods(test, "first")) == 1  # the restarted controller made no second
+    assert _metric("warmwatch_upstream_relists_total") == relists
+
+
+def test_down_leaves_nothing_behind(node_test: NodeTest) -> None:
+    """``down``: no process, mount, cgroup directory, system path or iptables rule of the
+    node is left on the machine."""
+    test = node_test
+    test.plane.down()
+    assert list(test.plane._ours()) == []
+    assert test.plane.node.leftovers() == []
+    assert node_module.iptables_rules() == test.iptables_before
+    assert _port_free(8001) and _port_free(9090)
