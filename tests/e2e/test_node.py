@@ -41,6 +41,7 @@ import pytest
 from loadtest import crmanager, images, kubeapi
 from loadtest import node as node_module
 from loadtest.cluster import ControlPlane
+from proxy.cache import schema
 
 pytestmark = pytest.mark.e2e
 
@@ -672,7 +673,7 @@ def test_upgrade_keeps_cache(node_test: NodeTest, tmp_path: Path) -> None:
     assert sum("(resumed, configured)" in text for text in sidecar_log) == 2, sidecar_log[:5]
     assert not any("listed at RV" in text for text in sidecar_log)
     assert _metric("warmwatch_upstream_relists_total") == 0
-    assert _schema_version(test) == "3"
+    assert _schema_version(test) == str(schema.SCHEMA_VERSION)  # migrated in place
     (synced,) = test.manager_lines(pod, "synced")
     assert synced["count"] == len(_cached_names())
 
