@@ -82,6 +82,12 @@ class DelegationSettings:
     """Positive decisions (accepted tokens, allowed requests) kept per kind at most: far
     more identities and requests than the clients of one warmwatch use, and bounded so that
     memory is (a few hundred bytes each)."""
+    max_per_identity: int = 1_000
+    """Allowed requests kept per identity at most (its own oldest go first). A controller
+    asks for a few per informer — kube-controller-manager about 150 (list and watch of every
+    resource type) — but a client can make any number, each with new attributes (a random
+    label selector is a new SubjectAccessReview): bounded per identity, one client's cannot
+    push out the decisions others rely on while the apiserver is away."""
     max_refused: int = 1_000
     """Negative decisions (refused tokens, denied requests) kept per kind at most, apart
     from the positive ones. They only spare the apiserver the same review again within the
@@ -140,6 +146,7 @@ class Delegation:
             offline_window=settings.offline_window,
             max_entries=settings.max_entries,
             max_negative=settings.max_refused,
+            max_per_owner=settings.max_per_identity,
             positive=lambda verdict: verdict.allowed,
             outage=is_outage,
             clock=clock,
@@ -190,7 +197,9 @@ class Delegation:
             return await review_access(self.upstream, user, attributes, breaker=self.breaker)
 
         try:
-            verdict = await self.access.decide(_access_key(user, attributes), review)
+            verdict = await self.access.decide(
+                _access_key(user, attributes), review, owner=digest(*user.key_parts())
+            )
         except UpstreamError as error:
             if is_outage(error) and self._held_allowed(user, implied_by):
                 return

@@ -17,6 +17,10 @@ kube-rbac-proxy), so that warmwatch decides as the apiserver would, with the sam
   ``max_negative``; the least recently decided go first): anyone can make negative ones —
   a random bearer token is a refused one — so a flood of them must never push out the
   positive decision a client relies on, during an outage above all;
+- a decision may name its ``owner`` (the identity it was made for): one owner keeps at most
+  ``max_per_owner`` positive decisions, its own oldest going first, so an identity that
+  makes requests with ever new attributes (random label selectors, each its own
+  SubjectAccessReview) cannot push out the decisions other identities rely on;
 - ``admit()`` is called before a review is sent (not for a decision still fresh, nor for
   a caller that joins a review in flight): it may refuse by raising, so a caller can put
   a budget on reviews without spending it on what the cache answers.
@@ -58,6 +62,9 @@ class Remembered(Generic[T]):
     positive: bool
     decided_at: float
     """``clock()`` when the review that made this decision answered."""
+    owner: bytes | None = None
+    """The identity the decision was made for, when its kind has one (see the module
+    docstring)."""
 
 
 class Decisions(Generic[T]):
@@ -77,6 +84,7 @@ class Decisions(Generic[T]):
         offline_window: float,
         max_entries: int,
         max_negative: int,
+        max_per_owner: int | None = None,
         positive: Callable[[T], bool],
         outage: Callable[[BaseException], bool],
         clock: Callable[[], float] = time.monotonic,
@@ -87,6 +95,7 @@ class Decisions(Generic[T]):
         self.offline_window = offline_window
         self.max_entries = max_entries
         self.max_negative = max_negative
+        self.max_per_owner = max_per_owner
         self._positive = positive
         self._outage = outage
         self._clock = clock
@@ -95,6 +104,8 @@ class Decisions(Generic[T]):
         self._refused: OrderedDict[bytes, Remembered[T]] = OrderedDict()
         """Negative decisions, oldest decided first."""
         self._flights: dict[bytes, asyncio.Task[T]] = {}
+        self._owned: dict[bytes, OrderedDict[bytes, None]] = {}
+        """Each owner's positive decisions, oldest decided first."""
 
     def __len__(self) -> int:
         return len(self._accepted) + len(self._refused)
@@ -128,17 +139,31 @@ class Decisions(Generic[T]):
         key is no stranger)."""
         return key in self._accepted
 
-    def remember(self, key: bytes, value: T) -> Remembered[T]:
-        entry = Remembered(value=value, positive=self._positive(value), decided_at=self._clock())
-        kept, other = (
-            (self._accepted, self._refused) if entry.positive else (self._refused, self._accepted)
+    def remember(self, key: bytes, value: T, *, owner: bytes | None = None) -> Remembered[T]:
+        entry = Remembered(
+            value=value, positive=self._positive(value), decided_at=self._clock(), owner=owner
         )
-        other.pop(key, None)
+        self._forget(key)
+        kept = self._accepted if entry.positive else self._refused
         kept[key] = entry
-        kept.move_to_end(key)
+        if entry.positive and owner is not None:
+            owned = self._owned.setdefault(owner, OrderedDict())
+            owned[key] = None
+            if self.max_per_owner is not None and len(owned) > self.max_per_owner:
+                self._forget(next(iter(owned)))
         self._prune(self._accepted, self.max_entries)
         self._prune(self._refused, self.max_negative)
         return entry
+
+    def _forget(self, key: bytes) -> None:
+        self._refused.pop(key, None)
+        entry = self._accepted.pop(key, None)
+        if entry is None or entry.owner is None:
+            return
+        owned = self._owned[entry.owner]
+        del owned[key]
+        if not owned:
+            del self._owned[entry.owner]
 
     def _prune(self, entries: OrderedDict[bytes, Remembered[T]], bound: int) -> None:
         """Drop what can no longer be used (past both its TTL and the offline window), then
@@ -146,10 +171,10 @@ class Decisions(Generic[T]):
         keep = max(self.positive_ttl, self.negative_ttl, self.offline_window)
         now = self._clock()
         while entries:
-            oldest = next(iter(entries.values()))
+            key, oldest = next(iter(entries.items()))
             if now - oldest.decided_at < keep and len(entries) <= bound:
                 break
-            entries.popitem(last=False)
+            self._forget(key)
 
     # -- asking -------------------------------------------------------------------------------
 
@@ -159,6 +184,7 @@ class Decisions(Generic[T]):
         review: Callable[[], Awaitable[T]],
         *,
         admit: Callable[[], None] | None = None,
+        owner: bytes | None = None,
     ) -> T:
         """The fresh decision for ``key``, or ``review()``'s (shared with every concurrent
         caller for the same key). A review that fails with an outage falls back to the
@@ -173,13 +199,17 @@ class Decisions(Generic[T]):
         if flight is None:
             if admit is not None:
                 admit()
-            flight = asyncio.create_task(self._fly(key, review), name=f"{self.name} review")
+            flight = asyncio.create_task(
+                self._fly(key, review, owner=owner), name=f"{self.name} review"
+            )
             self._flights[key] = flight
             flight.add_done_callback(lambda _: self._flights.pop(key, None))
         # Shielded: a caller that goes away does not cancel the others' review.
         return await asyncio.shield(flight)
 
-    async def _fly(self, key: bytes, review: Callable[[], Awaitable[T]]) -> T:
+    async def _fly(
+        self, key: bytes, review: Callable[[], Awaitable[T]], *, owner: bytes | None
+    ) -> T:
         try:
             value = await review()
         except Exception as error:
@@ -187,7 +217,7 @@ class Decisions(Generic[T]):
             if entry is None:
                 raise
             return entry.value
-        return self.remember(key, value).value
+        return self.remember(key, value, owner=owner).value
 
     async def close(self) -> None:
         """Cancel the reviews in flight and wait for them (shutdown)."""

@@ -28,6 +28,7 @@ def decisions(clock: Clock, **overrides: float) -> Decisions[bool]:
         "offline_window": 60.0,
         "max_entries": 100,
         "max_negative": 100,
+        "max_per_owner": 100,
     }
     settings.update(overrides)
     return Decisions(
@@ -37,6 +38,7 @@ def decisions(clock: Clock, **overrides: float) -> Decisions[bool]:
         offline_window=settings["offline_window"],
         max_entries=int(settings["max_entries"]),
         max_negative=int(settings["max_negative"]),
+        max_per_owner=int(settings["max_per_owner"]),
         positive=lambda allowed: allowed,
         outage=lambda error: isinstance(error, UpstreamUnavailable),
         clock=clock,
@@ -209,6 +211,27 @@ async def test_a_flood_of_negative_decisions_never_evicts_a_positive_one() -> No
     down.error = UpstreamUnavailable("apiserver unreachable")
     assert await cache.decide(accepted, down) is True
     assert cache.known_positive(accepted) and not cache.known_positive(digest("junk-999"))
+
+
+async def test_one_identity_cannot_push_out_the_allowed_decisions_of_others() -> None:
+    """A client with a valid token asks with ever new attributes (random label selectors:
+    each a SubjectAccessReview of its own): its own oldest decisions go, never another
+    identity's, which still holds when the apiserver goes away."""
+    clock = Clock()
+    cache = decisions(clock, max_entries=10, max_per_owner=3)
+    other, flooder = digest("other"), digest("flooder")
+    assert await cache.decide(digest("other", "list"), Reviewer(True), owner=other) is True
+    allowed = Reviewer(True)
+    for n in range(1_000):
+        assert await cache.decide(digest("flooder", str(n)), allowed, owner=flooder)
+    assert allowed.calls == 1_000
+    assert len(cache) == 1 + 3
+    assert cache.known_positive(digest("flooder", "999"))
+    assert not cache.known_positive(digest("flooder", "996"))  # its own oldest went
+    clock.now += 30
+    down = Reviewer(True)
+    down.error = UpstreamUnavailable("apiserver unreachable")
+    assert await cache.decide(digest("other", "list"), down, owner=other) is True
 
 
 async def test_negative_decisions_are_bounded_and_the_oldest_go_first() -> None:
