@@ -54,7 +54,7 @@ def offline_get(ctx: Context, path: RequestPath) -> Offline:
             if await authorizing.grant(request, ctx.delegation, get, implied_by=reads) is None:
                 return unavailable(error)
         accept = request.headers.get("Accept")
-        protobuf_ok = path.gvr.may_have_protobuf and path.gvr not in ctx.syncer.without_protobuf
+        protobuf_ok = ctx.syncer.has_protobuf(path.gvr)
         for ok in (protobuf_ok, False) if protobuf_ok else (False,):
             negotiated = negotiate(accept, single=True, protobuf_ok=ok)
             if negotiated.representation is Representation.PASS_THROUGH:

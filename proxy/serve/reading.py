@@ -76,7 +76,7 @@ async def read_collection(
         if grant is None:
             return await pass_through(request, ctx)  # the apiserver decides (see authorizing)
     accept = request.headers.get("Accept")
-    protobuf_ok = path.gvr.may_have_protobuf and path.gvr not in ctx.syncer.without_protobuf
+    protobuf_ok = ctx.syncer.has_protobuf(path.gvr)
     try:
         options = ListOptions.parse(query, watch_path=path.is_watch_path)
     except StatusError as invalid:

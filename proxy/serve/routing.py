@@ -103,9 +103,7 @@ def _status_encoding(request: web.Request) -> Encoding:
     if path is None:
         return Encoding.JSON
     ctx = request.app.get(CONTEXT)
-    protobuf_ok = path.gvr.may_have_protobuf and (
-        ctx is None or path.gvr not in ctx.syncer.without_protobuf
-    )
+    protobuf_ok = ctx.syncer.has_protobuf(path.gvr) if ctx else path.gvr.may_have_protobuf
     accept = ", ".join(request.headers.getall("Accept", []))
     return status_encoding(accept, protobuf_ok=protobuf_ok)
 

@@ -105,6 +105,10 @@ class Syncer:
         """Resources whose apiserver answered a protobuf list in JSON (custom resources in a
         ``*.k8s.io`` group): their clients are served from JSON shapes."""
 
+    def has_protobuf(self, gvr: GroupVersionResource) -> bool:
+        """``gvr`` has a protobuf form: a built-in type the apiserver did not answer in JSON."""
+        return gvr.may_have_protobuf and gvr not in self.without_protobuf
+
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self, configured: Iterable[ShapeKey]) -> None:

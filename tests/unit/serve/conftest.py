@@ -36,7 +36,10 @@ async def serving(
         syncer=cast(
             Any,
             SimpleNamespace(
-                find=find, holds=lambda gvr: True, without_protobuf=set(), settings=SyncSettings()
+                find=find,
+                holds=lambda gvr: True,
+                has_protobuf=lambda gvr: gvr.may_have_protobuf,
+                settings=SyncSettings(),
             ),
         ),
         upstream=cast(Any, None),

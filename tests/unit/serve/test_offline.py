@@ -50,7 +50,7 @@ async def ctx(tmp_path: Path) -> Any:
         key = choose(request, store.shapes.keys(), namespaced=namespaced)
         return store.shapes.get(key) if key else None
 
-    syncer = SimpleNamespace(find=find, without_protobuf=set())
+    syncer = SimpleNamespace(find=find, has_protobuf=lambda gvr: gvr.may_have_protobuf)
     yield Context(
         store=store,
         syncer=cast(Any, syncer),
