@@ -176,6 +176,15 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--tls-private-key-file", type=Path, default=_env("tls-private-key-file"))
     p.add_argument(
+        "--cert-dir",
+        type=Path,
+        default=_env("cert-dir"),
+        help="without --tls-cert-file: serve the loopback listener over TLS with a "
+        "self-signed certificate for localhost, 127.0.0.1 and ::1 kept in this directory "
+        "(warmwatch.crt, made at the first start); clients trust warmwatch.crt. Go "
+        "controllers send a token (token-file mode) only over TLS",
+    )
+    p.add_argument(
         "--sync-mode",
         choices=("NORMAL", "FULL"),
         default=_env("sync-mode", "NORMAL"),
@@ -332,6 +341,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         reject_paths=RejectPaths.parse(args.reject_paths),
         tls_cert_file=Path(args.tls_cert_file) if args.tls_cert_file else None,
         tls_key_file=Path(args.tls_private_key_file) if args.tls_private_key_file else None,
+        cert_dir=Path(args.cert_dir) if args.cert_dir else None,
         store=StoreSettings(
             path=Path(args.db),
             synchronous=args.sync_mode,

@@ -39,7 +39,7 @@ from proxy.serve.authenticating import (
 )
 from proxy.serve.context import Context, ServeSettings
 from proxy.serve.limiting import Admission, Limits
-from proxy.serve.securing import ServingCertificate
+from proxy.serve.securing import ServingCertificate, self_signed
 from proxy.upstream.connecting import ConnectionBudget, ConnectionSettings, Upstream, connect
 from proxy.upstream.delegating import Delegation, DelegationSettings
 from proxy.upstream.discovering import (
@@ -76,6 +76,10 @@ class Settings:
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
     """Serve the API listener over TLS; required beyond loopback."""
+    cert_dir: Path | None = None
+    """Without ``tls_cert_file``: serve the loopback listener over TLS with a self-signed
+    pair kept in this directory (``securing.self_signed``), so that a Go controller sends
+    its token (client-go sends none to an ``http://`` server)."""
     tls_reload_interval: float = 10.0
     """How often the serving certificate files are checked for a rotation."""
     store: StoreSettings | None = None
@@ -128,7 +132,13 @@ def check_listener(settings: Settings) -> None:
     mode = settings.client_auth.mode
     if (settings.tls_cert_file is None) != (settings.tls_key_file is None):
         raise StartRefused("--tls-cert-file and --tls-private-key-file go together")
-    if is_loopback_address(settings.listen[0]):
+    loopback = is_loopback_address(settings.listen[0])
+    if settings.cert_dir is not None and (settings.tls_cert_file is not None or not loopback):
+        raise StartRefused(
+            "--cert-dir makes a self-signed certificate for a loopback listener; with "
+            "--tls-cert-file, or beyond loopback, name the certificate to serve instead"
+        )
+    if loopback:
         return
     if mode != "delegated":
         raise StartRefused(
@@ -216,13 +226,14 @@ class App:
     async def start(self) -> None:
         settings = self.settings
         check_listener(settings)
-        if settings.tls_cert_file is not None and settings.tls_key_file is not None:
-            try:
-                self.certificate = ServingCertificate(
-                    cert_file=settings.tls_cert_file, key_file=settings.tls_key_file
-                )
-            except (OSError, ValueError) as error:  # ssl.SSLError is an OSError
-                raise StartRefused(f"cannot load the serving certificate: {error}") from error
+        pair = (settings.tls_cert_file, settings.tls_key_file)
+        try:
+            if settings.cert_dir is not None:
+                pair = self_signed(settings.cert_dir)
+            if pair[0] is not None and pair[1] is not None:
+                self.certificate = ServingCertificate(cert_file=pair[0], key_file=pair[1])
+        except (OSError, ValueError) as error:  # ssl.SSLError is an OSError
+            raise StartRefused(f"cannot load the serving certificate: {error}") from error
         if settings.client_auth.mode == "none":
             logger.warning(
                 "--client-auth none: every local caller acts with warmwatch's own "

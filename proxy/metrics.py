@@ -157,7 +157,7 @@ LIST_SOURCES: Final = frozenset({"cache", "passthrough", "upstream-list", "upstr
 """Sources of ``list_duration_seconds``: where a LIST was answered from, or a shape's fill."""
 
 CLIENT_FAULTS: Final = frozenset(
-    {"disconnected", "slow", "malformed", "header_timeout", "header_too_large"}
+    {"disconnected", "slow", "malformed", "header_timeout", "header_too_large", "unauthorized"}
 )
 """Reasons of ``client_errors_total``."""
 
@@ -484,7 +484,8 @@ class Metrics:
             f"{PREFIX}client_errors",
             "Client connections and requests ended for the client's fault, by reason: "
             "disconnected (left mid-answer), slow (stopped reading), malformed (not HTTP "
-            "aiohttp could parse), header_timeout, header_too_large.",
+            "aiohttp could parse), header_timeout, header_too_large, unauthorized (401: no "
+            "token, or not the token file's, in token-file mode).",
             {"reason": CLIENT_FAULTS},
             registry=r,
         )

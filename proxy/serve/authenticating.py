@@ -35,6 +35,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from proxy.kube.status import StatusError
+from proxy.metrics import Metrics
 from proxy.upstream.reviewing import IdentityMismatch
 
 logger = logging.getLogger(__name__)
@@ -134,13 +135,22 @@ Verifier = Callable[[str], Awaitable[None]]
 ``IdentityMismatch`` when it does not, another error when it cannot tell."""
 
 
+ROTATION_GRACE = 120.0
+"""Seconds the file's previous token stays accepted after the file changed. A client does
+not see a rotation at once: client-go re-reads a kubeconfig's ``tokenFile`` at most once a
+minute (and at once after a 401, which a watch would have to take first). Not longer: the
+kubelet rotates a projected token at 80 % of its life, so at the shortest life (10
+minutes) the previous token is valid for two more minutes, and not past that here."""
+
+
 class TokenFile:
     """The expected bearer token, re-read whenever the file changes, and (with ``verify``)
     accepted only once its identity was not found to differ from warmwatch's own.
 
     A token that cannot be checked (the apiserver is unreachable) is accepted meanwhile and
     checked again at most every ``retry`` seconds: warmwatch must serve while the apiserver
-    is away, and the file is the pod's own.
+    is away, and the file is the pod's own. After a rotation the previous token stays
+    accepted for ``grace`` seconds (``ROTATION_GRACE``) unless it was refused.
     """
 
     def __init__(
@@ -149,13 +159,17 @@ class TokenFile:
         *,
         verify: Verifier | None = None,
         retry: float = 10.0,
+        grace: float = ROTATION_GRACE,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.path = path
         self._stamp: tuple[int, int] | None = None
         self._token = b""
+        self._previous = (b"", 0.0)
+        """The token the file held before, and when it was replaced (``clock``)."""
         self._verify = verify
         self._retry = retry
+        self._grace = grace
         self._clock = clock
         self._checked = b""
         self._refused = b""
@@ -170,8 +184,11 @@ class TokenFile:
             return b""
         stamp = (stat.st_mtime_ns, stat.st_ino)
         if stamp != self._stamp:
-            self._token = self.path.read_bytes().strip()
-            self._stamp = stamp
+            token = self.path.read_bytes().strip()
+            if self._stamp is not None and token != self._token:
+                self._previous = (self._token, self._clock())
+                logger.info("client token file %s rotated", self.path)
+            self._token, self._stamp = token, stamp
         return self._token
 
     async def check(self) -> None:
@@ -191,8 +208,18 @@ class TokenFile:
                 raise
             self._checked = token
 
-    async def accepted(self) -> bytes:
-        """The token clients must present; empty when none is acceptable."""
+    async def accepts(self, presented: bytes) -> bool:
+        """``presented`` is the file's token (or its previous one, within the grace), and
+        not one found to be another identity. Compared in constant time."""
+        current = await self._current()
+        previous, replaced = self._previous
+        recent = self._clock() - replaced < self._grace and previous != self._refused
+        if current and hmac.compare_digest(presented, current):
+            return True
+        return recent and bool(previous) and hmac.compare_digest(presented, previous)
+
+    async def _current(self) -> bytes:
+        """The file's token when acceptable (checked, or not checkable yet); else empty."""
         token = self.token()
         if self._verify is None or not token or token == self._checked:
             return token
@@ -229,7 +256,11 @@ class Guard:
 
 
 def middleware(
-    auth: ClientAuth, *, guard: Guard | None = None, tokens: TokenFile | None = None
+    auth: ClientAuth,
+    *,
+    guard: Guard | None = None,
+    tokens: TokenFile | None = None,
+    metrics: Metrics | None = None,
 ) -> Middleware:
     guard = guard or Guard()
     if tokens is None and auth.token_file is not None:
@@ -263,12 +294,9 @@ def middleware(
         if tokens is not None:
             header = request.headers.get("Authorization", "")
             scheme, _, presented = header.partition(" ")
-            expected = await tokens.accepted()
-            if (
-                scheme.lower() != "bearer"
-                or not expected
-                or not hmac.compare_digest(presented.strip().encode(), expected)
-            ):
+            if scheme.lower() != "bearer" or not await tokens.accepts(presented.strip().encode()):
+                if metrics is not None:
+                    metrics.client_errors.labels(reason="unauthorized").inc()
                 raise StatusError.unauthorized()
         return await handler(request)
 

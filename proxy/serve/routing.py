@@ -173,7 +173,7 @@ def api_app(
             connections.middleware,
             request_target,
             statuses,
-            authenticating.middleware(auth, guard=guard, tokens=tokens),
+            authenticating.middleware(auth, guard=guard, tokens=tokens, metrics=ctx.metrics),
             watch_limits,
         ],
         client_max_size=64 * 1024 * 1024,

@@ -44,6 +44,28 @@ def test_certificate_and_key_go_together() -> None:
         check_listener(settings)
 
 
+def test_cert_dir_is_for_a_loopback_listener_without_a_named_certificate() -> None:
+    check_listener(Settings(cert_dir=Path("/run/warmwatch")))
+    with pytest.raises(StartRefused, match="--cert-dir"):
+        check_listener(
+            Settings(
+                cert_dir=Path("/run/warmwatch"),
+                tls_cert_file=Path("tls.crt"),
+                tls_key_file=Path("tls.key"),
+            )
+        )
+    with pytest.raises(StartRefused, match="--cert-dir"):
+        check_listener(
+            Settings(
+                listen=("0.0.0.0", 8443),
+                client_auth=ClientAuth.parse("delegated"),
+                cert_dir=Path("/run/warmwatch"),
+            )
+        )
+    args = parser().parse_args(["--cert-dir=/run/warmwatch"])
+    assert settings_from(args).cert_dir == Path("/run/warmwatch")
+
+
 def test_security_flags() -> None:
     args = parser().parse_args(
         [

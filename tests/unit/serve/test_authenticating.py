@@ -43,7 +43,7 @@ async def test_token_file_requires_the_current_token(tmp_path: Path) -> None:
         token.write_text("second\n")  # rotation: the file is re-read when it changes
         os.utime(token, ns=(1, 10**18))
         old = await client.get("/api/v1/configmaps", headers={"Authorization": "Bearer first"})
-        assert old.status == 401
+        assert old.status == 200  # for ROTATION_GRACE (see the next test)
         new = await client.get("/api/v1/configmaps", headers={"Authorization": "Bearer second"})
         assert new.status == 200
     finally:
@@ -253,21 +253,43 @@ async def test_token_file_identity_is_checked_at_start_and_on_rotation(tmp_path:
     tokens = authenticating.TokenFile(path, verify=verifier, retry=10, clock=lambda: now[0])
     with pytest.raises(IdentityMismatch):
         await tokens.check()  # at start: the start is refused
-    assert await tokens.accepted() == b""
+    assert not await tokens.accepts(b"other")
 
     path.write_text("same\n")
     os.utime(path, ns=(1, 10**18))
-    assert await tokens.accepted() == b"same"
+    assert await tokens.accepts(b"same")
+    assert not await tokens.accepts(b"other")  # refused: no grace for it either
     calls = verifier.calls
-    assert await tokens.accepted() == b"same"
+    assert await tokens.accepts(b"same")
     assert verifier.calls == calls  # checked once per token
 
     # Rotated while the apiserver is away: accepted unchecked, checked again later.
     verifier.reachable = False
     path.write_text("rotated\n")
     os.utime(path, ns=(2, 2 * 10**18))
-    assert await tokens.accepted() == b"rotated"
+    assert await tokens.accepts(b"rotated")
     verifier.reachable = True
-    assert await tokens.accepted() == b"rotated"  # not due yet
+    assert await tokens.accepts(b"rotated")  # not due yet
     now[0] = 11.0
-    assert await tokens.accepted() == b""  # checked: another identity, refused
+    assert not await tokens.accepts(b"rotated")  # checked: another identity, refused
+    assert await tokens.accepts(b"same")  # the previous one, within the grace
+
+
+async def test_token_file_previous_token_accepted_for_the_grace_only(tmp_path: Path) -> None:
+    """A client re-reads its token file later than warmwatch (client-go: once a minute)."""
+    path = tmp_path / "token"
+    path.write_text("first\n")
+    now = [0.0]
+    tokens = authenticating.TokenFile(path, grace=120, clock=lambda: now[0])
+    assert await tokens.accepts(b"first")
+    now[0] = 500.0
+    path.write_text("second\n")
+    os.utime(path, ns=(1, 10**18))
+    assert await tokens.accepts(b"second")
+    now[0] = 619.0
+    assert await tokens.accepts(b"first")
+    assert not await tokens.accepts(b"")
+    assert not await tokens.accepts(b"firs")
+    now[0] = 620.0
+    assert not await tokens.accepts(b"first")
+    assert await tokens.accepts(b"second")

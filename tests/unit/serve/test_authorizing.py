@@ -100,7 +100,8 @@ def test_impersonation_headers_are_noticed() -> None:
 async def test_a_token_review_over_the_address_budget_is_the_429_limit() -> None:
     delegation = Delegation(
         upstream=cast(Any, None),  # never asked: the budget refuses first
-        settings=DelegationSettings(review_burst=1),
+        # no refill within the test, however slow the machine
+        settings=DelegationSettings(review_burst=1, review_rate=0.001),
         metrics=Metrics(),
     )
     assert delegation.review_budget.take("10.0.0.1")  # spent

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from loadtest import pki
-from proxy.serve.securing import ServingCertificate
+from proxy.serve.securing import LOOPBACK_NAMES, ServingCertificate, self_signed
 
 
 async def _peer_certificate(port: int) -> bytes:
@@ -65,3 +65,61 @@ def test_a_broken_pair_keeps_the_previous_one(tmp_path: Path) -> None:
     assert serving.reload_if_changed() is False
     with pytest.raises(ssl.SSLError):
         ServingCertificate(cert_file=cert, key_file=key)
+
+
+async def _verified_by(cert: Path, serving: ServingCertificate, *, host: str) -> bool:
+    """A TLS handshake over loopback from a client that trusts only ``cert`` and checks that
+    the server is ``host`` (as client-go does with a kubeconfig's certificate-authority)."""
+
+    async def hold(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.close()
+
+    server = await asyncio.start_server(hold, "127.0.0.1", 0, ssl=serving.context)
+    port = server.sockets[0].getsockname()[1]
+    client = ssl.create_default_context(cafile=str(cert))
+    try:
+        _, writer = await asyncio.open_connection(
+            "127.0.0.1", port, ssl=client, server_hostname=host
+        )
+        writer.close()
+        return True
+    except ssl.SSLCertVerificationError:
+        return False
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+@pytest.mark.parametrize("host", LOOPBACK_NAMES)
+async def test_self_signed_pair_verifies_for_every_loopback_name(tmp_path: Path, host: str) -> None:
+    cert, key = self_signed(tmp_path / "tls")
+    assert (cert.name, key.name) == ("warmwatch.crt", "warmwatch.key")
+    assert os.stat(key).st_mode & 0o777 == 0o600
+    serving = ServingCertificate(cert_file=cert, key_file=key)
+    assert await _verified_by(cert, serving, host=host)
+    assert not await _verified_by(cert, serving, host="warmwatch.example")
+
+
+def test_self_signed_pair_is_kept_across_starts(tmp_path: Path) -> None:
+    """A restarted sidecar keeps its pair: the controller beside it trusts that one."""
+    cert, key = self_signed(tmp_path)
+    before = (cert.read_bytes(), key.read_bytes())
+    assert self_signed(tmp_path) == (cert, key)
+    assert (cert.read_bytes(), key.read_bytes()) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["warmwatch.crt", "warmwatch.key"]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "other key", "missing key"])
+def test_a_damaged_self_signed_pair_is_made_again(tmp_path: Path, damage: str) -> None:
+    cert, key = self_signed(tmp_path)
+    before = cert.read_bytes()
+    if damage == "truncated":
+        cert.write_bytes(before[:100])
+    elif damage == "other key":
+        other = pki.create(tmp_path / "other")
+        shutil.copy(other.serving_key, key)
+    else:
+        key.unlink()
+    again = self_signed(tmp_path)
+    assert again == (cert, key) and cert.read_bytes() != before
+    ServingCertificate(cert_file=cert, key_file=key)  # loads
