@@ -229,7 +229,7 @@ class App:
         pair = (settings.tls_cert_file, settings.tls_key_file)
         try:
             if settings.cert_dir is not None:
-                pair = self_signed(settings.cert_dir)
+                pair = await self_signed(settings.cert_dir)
             if pair[0] is not None and pair[1] is not None:
                 self.certificate = ServingCertificate(cert_file=pair[0], key_file=pair[1])
         except (OSError, ValueError) as error:  # ssl.SSLError is an OSError

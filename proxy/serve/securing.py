@@ -19,30 +19,16 @@ controller trusts the pair by naming ``DIR/warmwatch.crt`` as its ``certificate-
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
+import asyncio
 import logging
 import os
 import ssl
+import sys
 from pathlib import Path
-
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LOOPBACK_NAMES", "ServingCertificate", "self_signed"]
-
-LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
-"""What the self-signed certificate names: every way a local client writes the loopback."""
-
-SELF_SIGNED_DAYS = 3650
-"""Validity of the self-signed pair. Not shorter: the pair lives in the pod's own volume
-(an ``emptyDir`` dies with the pod), and a controller reads its certificate authority once
-at start and never again, so a pair that expired during a long-lived pod's life would cut
-the controller off from warmwatch until the pod is replaced."""
+__all__ = ["ServingCertificate", "self_signed"]
 
 
 class ServingCertificate:
@@ -83,88 +69,34 @@ class ServingCertificate:
         return True
 
 
-def self_signed(directory: Path) -> tuple[Path, Path]:
-    """``--cert-dir``: the certificate and key in ``directory``, made now when either is
-    missing or the pair does not load or no longer covers the loopback names (a sidecar
-    restarted in the same pod keeps its pair: the controller beside it trusts that one).
+async def self_signed(directory: Path) -> tuple[Path, Path]:
+    """``--cert-dir``: the certificate and key in ``directory``; made now (``certifying``)
+    when either is missing or the two do not load as a pair. A sidecar restarted in the same
+    pod keeps its pair: the controller beside it trusts that one.
 
-    Written atomically (a temporary file renamed), the key 0600: a controller that reads
-    the directory while this runs sees the old pair or the new one, never half of one."""
+    Made in a child process: ``cryptography`` costs ~8 MiB of resident memory once imported,
+    which the sidecar would then carry for its whole life to use it once per pod; the child
+    takes ~0.3 s, once, on a cold start."""
     cert_file = directory / "warmwatch.crt"
     key_file = directory / "warmwatch.key"
-    if _usable(cert_file, key_file):
-        return cert_file, key_file
-    directory.mkdir(parents=True, exist_ok=True)
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.UTC)
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "warmwatch loopback")])
-    names: list[x509.GeneralName] = [x509.DNSName("localhost")]
-    names += [x509.IPAddress(ipaddress.ip_address(a)) for a in LOOPBACK_NAMES[1:]]
-    certificate = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))  # clocks a little apart
-        .not_valid_after(now + datetime.timedelta(days=SELF_SIGNED_DAYS))
-        .add_extension(x509.SubjectAlternativeName(names), critical=False)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                key_cert_sign=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(
-            x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False
-        )
-        .sign(key, hashes.SHA256())
-    )
-    _write(
-        key_file,
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        ),
-        mode=0o600,
-    )
-    _write(cert_file, certificate.public_bytes(serialization.Encoding.PEM), mode=0o644)
-    logger.info(
-        "self-signed serving certificate for %s written to %s (--cert-dir)",
-        ", ".join(LOOPBACK_NAMES),
-        cert_file,
-    )
-    return cert_file, key_file
-
-
-def _usable(cert_file: Path, key_file: Path) -> bool:
     try:
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.load_cert_chain(str(cert_file), str(key_file))
-        certificate = x509.load_pem_x509_certificate(cert_file.read_bytes())
-        names = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName)
-    except (OSError, ValueError, x509.ExtensionNotFound):  # ssl.SSLError is an OSError
-        return False
-    covered = {str(n) for n in names.value.get_values_for_type(x509.IPAddress)}
-    covered |= set(names.value.get_values_for_type(x509.DNSName))
-    fresh = certificate.not_valid_after_utc > datetime.datetime.now(datetime.UTC)
-    return fresh and covered >= set(LOOPBACK_NAMES)
-
-
-def _write(path: Path, data: bytes, *, mode: int) -> None:
-    temporary = path.with_name(f".{path.name}.tmp")
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(descriptor, "wb") as file:
-        file.write(data)
-    os.chmod(temporary, mode)  # O_CREAT's mode is masked by the umask
-    os.replace(temporary, path)
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
+            str(cert_file), str(key_file)
+        )
+    except OSError:  # missing, damaged, or not a pair (ssl.SSLError is an OSError)
+        child = await asyncio.create_subprocess_exec(
+            *(sys.executable, "-m", "proxy.serve.certifying", str(directory)),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        _, errors = await child.communicate()
+        if child.returncode != 0:
+            last = errors.decode(errors="replace").strip().splitlines()[-1:]
+            raise OSError(f"no certificate made in {directory}: {' '.join(last)}") from None
+        logger.info(
+            "self-signed serving certificate for localhost, 127.0.0.1 and ::1 written to %s "
+            "(--cert-dir)",
+            cert_file,
+        )
+    return cert_file, key_file

@@ -99,6 +99,15 @@ def assert_sidecar_first(pod: dict[str, Any]) -> None:
     ]
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["warmwatch-kubeconfig"]["configMap"]["name"].endswith("warmwatch-kubeconfig")
+    # TLS for the token: the sidecar's --cert-dir is the volume the controller trusts.
+    tls = {"name": "warmwatch-tls", "mountPath": "/var/run/warmwatch"}
+    assert tls in sidecar["volumeMounts"] and tls in controller["volumeMounts"]
+    assert "--cert-dir=/var/run/warmwatch" in sidecar["args"]
+    assert (
+        "--client-auth=token-file:/var/run/secrets/kubernetes.io/serviceaccount/token"
+        in sidecar["args"]
+    )
+    assert volumes["warmwatch-tls"]["emptyDir"]["medium"] == "Memory"
 
 
 def test_component_on_a_deployment(kubectl: Kubectl, namespace: str, tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import json
 import ssl
+import subprocess
 import time
 import uuid
 from collections import Counter
@@ -653,6 +654,86 @@ async def test_token_file_of_another_identity_refuses_the_start(
                 assert version.status == 200
             async with session.get(f"{sidecar.url}/version") as anonymous:
                 assert anonymous.status == 401
+    finally:
+        sidecar.stop()
+
+
+def _sidecar_kubeconfig(path: Path, *, port: int, ca: Path, token_file: Path) -> Path:
+    """deploy/component's kubeconfig: warmwatch over TLS on loopback, the token from a file."""
+    path.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        f"clusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:{port}\n"
+        f"    certificate-authority: {ca}\n"
+        f"users:\n- name: u\n  user:\n    tokenFile: {token_file}\n"
+        "contexts:\n- name: c\n  context:\n    cluster: c\n    user: u\n"
+        "current-context: c\n"
+    )
+    return path
+
+
+async def test_client_go_sends_its_token_file_over_the_cert_dir_tls(
+    plane: ControlPlane, admin_api: kubeapi.RawClient, namespace: str, tmp_path: Path
+) -> None:
+    """What deploy/component does: ``--cert-dir`` and ``token-file``. kubectl (client-go)
+    trusts the self-signed certificate, sends the token file's token and is answered; a
+    token that is not the file's gets 401; after a rotation the previous token is still
+    accepted (client-go re-reads the file once a minute); a restart keeps the certificate
+    the running clients trust."""
+    await admin_api.create(
+        f"/api/v1/namespaces/{namespace}/serviceaccounts", {"metadata": {"name": "warmwatch"}}
+    )
+    own = tmp_path / "token"
+    own.write_text(await _token(admin_api, namespace, "warmwatch"))
+    upstream = _token_kubeconfig(
+        tmp_path / "upstream.kubeconfig",
+        plane=plane,
+        token=await _token(admin_api, namespace, "warmwatch"),
+    )
+    port = free_port()
+    sidecar = Sidecar.start(
+        upstream_kubeconfig=upstream,
+        db=tmp_path / "cache.db",
+        port=port,
+        extra=[f"--client-auth=token-file:{own}", f"--cert-dir={tmp_path / 'tls'}"],
+    )
+    ca = tmp_path / "tls" / "warmwatch.crt"
+    wrong = tmp_path / "wrong.token"
+    wrong.write_text(await _token(admin_api, namespace, "default"))
+
+    def kubectl(token_file: Path) -> subprocess.CompletedProcess[str]:
+        kubeconfig = _sidecar_kubeconfig(
+            tmp_path / "client.kubeconfig", port=port, ca=ca, token_file=token_file
+        )
+        return subprocess.run(
+            [str(plane.kubectl()), f"--kubeconfig={kubeconfig}", "get", "--raw", "/version"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    try:
+        answered = kubectl(own)
+        assert answered.returncode == 0, answered.stderr
+        assert json.loads(answered.stdout)["major"] == "1"
+        refused = kubectl(wrong)
+        assert refused.returncode != 0 and "Unauthorized" in refused.stderr, refused.stderr
+        assert sidecar.metric("warmwatch_client_errors_total", {"reason": "unauthorized"}) == 1
+
+        previous = own.read_text()
+        own.write_text(await _token(admin_api, namespace, "warmwatch"))
+        assert kubectl(own).returncode == 0
+        tls = ssl.create_default_context(cafile=str(ca))
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls)) as session:
+            bearer = {"Authorization": f"Bearer {previous}"}
+            async with session.get(f"https://127.0.0.1:{port}/version", headers=bearer) as old:
+                assert old.status == 200  # within the rotation grace
+
+        certificate = ca.read_bytes()
+        sidecar.stop()
+        sidecar.restart()
+        assert ca.read_bytes() == certificate
+        assert kubectl(own).returncode == 0
     finally:
         sidecar.stop()
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from loadtest import pki
-from proxy.serve.securing import LOOPBACK_NAMES, ServingCertificate, self_signed
+from proxy.serve.certifying import LOOPBACK_NAMES
+from proxy.serve.securing import ServingCertificate, self_signed
 
 
 async def _peer_certificate(port: int) -> bytes:
@@ -92,7 +93,7 @@ async def _verified_by(cert: Path, serving: ServingCertificate, *, host: str) ->
 
 @pytest.mark.parametrize("host", LOOPBACK_NAMES)
 async def test_self_signed_pair_verifies_for_every_loopback_name(tmp_path: Path, host: str) -> None:
-    cert, key = self_signed(tmp_path / "tls")
+    cert, key = await self_signed(tmp_path / "tls")
     assert (cert.name, key.name) == ("warmwatch.crt", "warmwatch.key")
     assert os.stat(key).st_mode & 0o777 == 0o600
     serving = ServingCertificate(cert_file=cert, key_file=key)
@@ -100,18 +101,18 @@ async def test_self_signed_pair_verifies_for_every_loopback_name(tmp_path: Path,
     assert not await _verified_by(cert, serving, host="warmwatch.example")
 
 
-def test_self_signed_pair_is_kept_across_starts(tmp_path: Path) -> None:
+async def test_self_signed_pair_is_kept_across_starts(tmp_path: Path) -> None:
     """A restarted sidecar keeps its pair: the controller beside it trusts that one."""
-    cert, key = self_signed(tmp_path)
+    cert, key = await self_signed(tmp_path)
     before = (cert.read_bytes(), key.read_bytes())
-    assert self_signed(tmp_path) == (cert, key)
+    assert await self_signed(tmp_path) == (cert, key)
     assert (cert.read_bytes(), key.read_bytes()) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["warmwatch.crt", "warmwatch.key"]
 
 
 @pytest.mark.parametrize("damage", ["truncated", "other key", "missing key"])
-def test_a_damaged_self_signed_pair_is_made_again(tmp_path: Path, damage: str) -> None:
-    cert, key = self_signed(tmp_path)
+async def test_a_damaged_self_signed_pair_is_made_again(tmp_path: Path, damage: str) -> None:
+    cert, key = await self_signed(tmp_path)
     before = cert.read_bytes()
     if damage == "truncated":
         cert.write_bytes(before[:100])
@@ -120,6 +121,13 @@ def test_a_damaged_self_signed_pair_is_made_again(tmp_path: Path, damage: str) -
         shutil.copy(other.serving_key, key)
     else:
         key.unlink()
-    again = self_signed(tmp_path)
+    again = await self_signed(tmp_path)
     assert again == (cert, key) and cert.read_bytes() != before
     ServingCertificate(cert_file=cert, key_file=key)  # loads
+
+
+async def test_a_directory_that_cannot_be_written_refuses_with_the_reason(tmp_path: Path) -> None:
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    with pytest.raises(OSError, match=r"no certificate made in .*NotADirectoryError"):
+        await self_signed(blocked / "tls")
