@@ -136,11 +136,13 @@ Verifier = Callable[[str], Awaitable[None]]
 
 
 ROTATION_GRACE = 120.0
-"""Seconds the file's previous token stays accepted after the file changed. A client does
-not see a rotation at once: client-go re-reads a kubeconfig's ``tokenFile`` at most once a
-minute (and at once after a 401, which a watch would have to take first). Not longer: the
-kubelet rotates a projected token at 80 % of its life, so at the shortest life (10
-minutes) the previous token is valid for two more minutes, and not past that here."""
+"""Seconds the file's previous token stays accepted after the file changed (its
+modification time: warmwatch may read the file only later, at its next request). A client
+does not see a rotation at once: client-go re-reads a kubeconfig's ``tokenFile`` at its
+first request a minute or more after it last read it (and at once after a 401, which a
+request would have to take first). Not longer: the kubelet rotates a projected token at
+80 % of its life, so at the shortest life (10 minutes) the previous token is valid for two
+more minutes, and not past that here."""
 
 
 class TokenFile:
@@ -150,7 +152,8 @@ class TokenFile:
     A token that cannot be checked (the apiserver is unreachable) is accepted meanwhile and
     checked again at most every ``retry`` seconds: warmwatch must serve while the apiserver
     is away, and the file is the pod's own. After a rotation the previous token stays
-    accepted for ``grace`` seconds (``ROTATION_GRACE``) unless it was refused.
+    accepted for ``grace`` seconds from the file's change (``ROTATION_GRACE``) unless it was
+    refused. ``clock`` is wall time, as file modification times are.
     """
 
     def __init__(
@@ -160,13 +163,14 @@ class TokenFile:
         verify: Verifier | None = None,
         retry: float = 10.0,
         grace: float = ROTATION_GRACE,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.path = path
         self._stamp: tuple[int, int] | None = None
         self._token = b""
         self._previous = (b"", 0.0)
-        """The token the file held before, and when it was replaced (``clock``)."""
+        """The token the file held before, and when it was replaced (``clock``: the new
+        file's modification time, or now when that is in the future)."""
         self._verify = verify
         self._retry = retry
         self._grace = grace
@@ -186,7 +190,7 @@ class TokenFile:
         if stamp != self._stamp:
             token = self.path.read_bytes().strip()
             if self._stamp is not None and token != self._token:
-                self._previous = (self._token, self._clock())
+                self._previous = (self._token, min(stat.st_mtime, self._clock()))
                 logger.info("client token file %s rotated", self.path)
             self._token, self._stamp = token, stamp
         return self._token

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -41,7 +42,7 @@ async def test_token_file_requires_the_current_token(tmp_path: Path) -> None:
         assert good.status == 200
 
         token.write_text("second\n")  # rotation: the file is re-read when it changes
-        os.utime(token, ns=(1, 10**18))
+        os.utime(token, (time.time() + 1, time.time() + 1))  # a new stamp, however coarse
         old = await client.get("/api/v1/configmaps", headers={"Authorization": "Bearer first"})
         assert old.status == 200  # for ROTATION_GRACE (see the next test)
         new = await client.get("/api/v1/configmaps", headers={"Authorization": "Bearer second"})
@@ -276,20 +277,32 @@ async def test_token_file_identity_is_checked_at_start_and_on_rotation(tmp_path:
 
 
 async def test_token_file_previous_token_accepted_for_the_grace_only(tmp_path: Path) -> None:
-    """A client re-reads its token file later than warmwatch (client-go: once a minute)."""
+    """A client re-reads its token file later than warmwatch (client-go: once a minute). The
+    grace counts from the file's change, not from when warmwatch next read it."""
     path = tmp_path / "token"
     path.write_text("first\n")
     now = [0.0]
     tokens = authenticating.TokenFile(path, grace=120, clock=lambda: now[0])
     assert await tokens.accepts(b"first")
-    now[0] = 500.0
     path.write_text("second\n")
-    os.utime(path, ns=(1, 10**18))
+    os.utime(path, (500, 500))  # rotated at 500
+    now[0] = 619.0  # first read since
     assert await tokens.accepts(b"second")
-    now[0] = 619.0
     assert await tokens.accepts(b"first")
     assert not await tokens.accepts(b"")
     assert not await tokens.accepts(b"firs")
     now[0] = 620.0
     assert not await tokens.accepts(b"first")
     assert await tokens.accepts(b"second")
+
+    path.write_text("third\n")
+    os.utime(path, (900, 900))
+    now[0] = 1200.0  # noticed 300 s late: the previous token's grace is over
+    assert await tokens.accepts(b"third")
+    assert not await tokens.accepts(b"second")
+
+    path.write_text("fourth\n")
+    os.utime(path, (10**9, 10**9))  # a modification time in the future counts as now
+    assert await tokens.accepts(b"third")
+    now[0] = 1320.0
+    assert not await tokens.accepts(b"third")
