@@ -37,7 +37,7 @@ from aiohttp.typedefs import Handler
 
 from proxy.metrics import Metrics
 from proxy.serve.limiting import Limits, too_many_requests
-from proxy.serve.streaming import SlowClient
+from proxy.serve.streaming import ClientGone, SlowClient
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def client_fault(error: BaseException | None) -> str | None:
         return "malformed"
     if isinstance(error, SlowClient):
         return "slow"
-    if isinstance(error, ConnectionError):
+    if isinstance(error, ConnectionError | ClientGone):
         return "disconnected"
     return None
 

@@ -12,7 +12,7 @@ from proxy.serve.limiting import Admission, Limits
 from proxy.serve.rendering import Frames
 from proxy.upstream.connecting import Credentials, Upstream
 from proxy.upstream.delegating import Delegation
-from proxy.upstream.passing import DiscoveryCache, DiscoveryCopies
+from proxy.upstream.discovering import DiscoveryCache, DiscoveryCopies
 from proxy.upstream.resilience import CircuitBreaker
 from proxy.upstream.syncing import Syncer
 
@@ -67,7 +67,7 @@ class Context:
     ready: Callable[[], tuple[bool, str]]
     """warmwatch's own readiness (every configured shape serveable)."""
     writes: RecentWrites
-    """Writes passed through, for read your writes (``proxy.serve.freshness``)."""
+    """Writes passed through, for read your writes (``proxy.serve.read_your_writes``)."""
     discovery_copies: DiscoveryCopies | None = None
     """Discovery documents that may be answered without asking the apiserver."""
     delegation: Delegation | None = None

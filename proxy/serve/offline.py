@@ -34,11 +34,12 @@ from proxy.cache.shapes import Request
 from proxy.kube.resources import RequestPath
 from proxy.kube.selectors import FieldSelector, LabelSelector
 from proxy.serve import authorizing
+from proxy.serve.answers import unavailable
 from proxy.serve.context import Context
 from proxy.serve.negotiating import Representation, negotiate
+from proxy.serve.relaying import Offline
 from proxy.serve.rendering import Renderer
 from proxy.upstream.errors import UpstreamUnavailable
-from proxy.upstream.passing import Offline, unavailable
 from proxy.upstream.reviewing import AccessAttributes
 
 logger = logging.getLogger(__name__)

@@ -16,13 +16,12 @@ objects or metadata only: ``negotiating``), the semantics allow it (not ``Exact`
 ``continue`` page) and a shape serves the request — an existing one, or one learned now. A
 learned shape whose first list the apiserver refuses is dropped, and the client gets the
 apiserver's own answer. A most-recent read (RV unset) first waits for the cache to show the
-writes made through warmwatch (``freshness``).
+writes made through warmwatch (``read_your_writes``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 
 from aiohttp import web
@@ -42,17 +41,15 @@ from proxy.kube.options import (
 from proxy.kube.resources import RequestPath
 from proxy.kube.status import StatusError
 from proxy.kube.versions import compare
-from proxy.serve import authorizing, freshness, limiting
+from proxy.serve import authorizing, read_your_writes
 from proxy.serve.authorizing import Grant
 from proxy.serve.context import Context
 from proxy.serve.listing import serve_list
 from proxy.serve.negotiating import Representation, negotiate
+from proxy.serve.passing import pass_through
 from proxy.serve.rendering import Renderer
 from proxy.serve.watching import Watch
-from proxy.upstream import passing
-from proxy.upstream.delegating import Delegation
 from proxy.upstream.errors import UpstreamStatusError
-from proxy.upstream.passing import Offline, PassthroughSettings
 
 logger = logging.getLogger(__name__)
 
@@ -139,7 +136,7 @@ async def read_collection(
             logger.info("%s: its fill failed or stalled; passing the request through", shape.key)
             return await pass_through(request, ctx)
     await ctx.store.touch(shape)
-    if most_recent and not await freshness.caught_up(ctx, shape, namespace=path.namespace):
+    if most_recent and not await read_your_writes.caught_up(ctx, shape, namespace=path.namespace):
         return await pass_through(request, ctx)  # read your writes: the apiserver has them
 
     renderer = Renderer(
@@ -205,50 +202,3 @@ def _servable(accept: str | None, protobuf_ok: bool) -> bool:
         is not Representation.PASS_THROUGH
         for single in (False, True)
     )
-
-
-async def pass_through(
-    request: web.Request, ctx: Context, *, offline: Offline | None = None
-) -> web.StreamResponse:
-    """The request, passed through to the apiserver with the context's settings. A short
-    request holds one of ``--max-requests`` (long-running ones hold a watch slot already:
-    ``routing.watch_limits``)."""
-    if limiting.is_long_running(request):
-        return await _pass_through(request, ctx, offline=offline)
-    with ctx.admission.request(limiting.client_of(request)):
-        return await _pass_through(request, ctx, offline=offline)
-
-
-async def _pass_through(
-    request: web.Request, ctx: Context, *, offline: Offline | None
-) -> web.StreamResponse:
-    return await passing.pass_through(
-        request,
-        upstream=ctx.upstream,
-        credentials=ctx.credentials,
-        discovery=ctx.discovery,
-        copies=ctx.discovery_copies,
-        discovery_offline=(
-            None
-            if ctx.delegation is None
-            else functools.partial(authenticated_offline, delegation=ctx.delegation)
-        ),
-        breaker=ctx.breaker,
-        offline=offline,
-        observe=functools.partial(freshness.record_write, ctx.writes),
-        settings=PassthroughSettings(slow_write_timeout=ctx.settings.slow_write_timeout),
-    )
-
-
-async def authenticated_offline(request: web.BaseRequest, *, delegation: Delegation) -> None:
-    """``--client-auth delegated``, the apiserver unreachable: a stored discovery document
-    is answered to a client whose token was accepted within the offline window (discovery is
-    readable by every authenticated user: ``system:discovery``), and refused otherwise, as
-    every other decision that cannot be made then."""
-    token = authorizing.bearer_token(request)
-    if token is None or authorizing.impersonates(request):
-        raise StatusError.service_unavailable(
-            "the apiserver is unreachable: this request cannot be authenticated now",
-            retry_after_seconds=1,
-        )
-    await authorizing.authenticate(request, delegation, token)

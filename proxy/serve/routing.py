@@ -22,14 +22,15 @@ from proxy.kube.resources import RequestPath
 from proxy.kube.status import StatusError
 from proxy.metrics import Metrics
 from proxy.serve import authenticating, connections, health, limiting
+from proxy.serve.answers import STATUS, status_response
 from proxy.serve.context import Context
 from proxy.serve.negotiating import status_encoding
 from proxy.serve.offline import offline_get
-from proxy.serve.reading import pass_through, read_collection
+from proxy.serve.passing import pass_through
+from proxy.serve.reading import read_collection
 from proxy.serve.streaming import cut
+from proxy.upstream.discovering import HEALTH_ENDPOINTS
 from proxy.upstream.errors import UpstreamBusy
-from proxy.upstream.forwarding import STATUS
-from proxy.upstream.passing import status_response
 
 logger = logging.getLogger(__name__)
 
@@ -207,7 +208,7 @@ def health_app(*, metrics: Metrics, ready: Callable[[], tuple[bool, str]]) -> we
 
     app = web.Application(middlewares=[connections.middleware])
     app.router.add_get("/metrics", exposition)
-    for endpoint in health.ENDPOINTS:
+    for endpoint in HEALTH_ENDPOINTS:
         app.router.add_get(endpoint, probe)
         app.router.add_get(endpoint + "/{check:.+}", probe)
     return app

@@ -14,13 +14,11 @@ import pytest
 from aiohttp import web
 
 from proxy.metrics import Metrics
+from proxy.serve.relaying import is_long_running
 from proxy.upstream.connecting import ConnectionSettings, Upstream, connect
+from proxy.upstream.discovering import discovery_key
 from proxy.upstream.errors import UpstreamUnavailable
-from proxy.upstream.passing import (
-    PassthroughSettings,
-    discovery_key,
-    is_long_running,
-)
+from proxy.upstream.forwarding import PassthroughSettings
 from proxy.upstream.resilience import CircuitBreaker
 from tests.unit.upstream.conftest import (
     FakeApiserver,
