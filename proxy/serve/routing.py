@@ -166,7 +166,7 @@ def api_app(
     ctx: Context,
     *,
     auth: authenticating.ClientAuth,
-    guard: authenticating.Guard | None = None,
+    checks: authenticating.RequestChecks | None = None,
     tokens: authenticating.TokenFile | None = None,
 ) -> web.Application:
     app = web.Application(
@@ -174,7 +174,7 @@ def api_app(
             connections.middleware,
             request_target,
             statuses,
-            authenticating.middleware(auth, guard=guard, tokens=tokens),
+            authenticating.middleware(auth, checks=checks, tokens=tokens),
             watch_limits,
         ],
         client_max_size=64 * 1024 * 1024,
