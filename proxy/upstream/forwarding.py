@@ -37,8 +37,7 @@ from typing import Final
 from multidict import CIMultiDict, MultiMapping
 
 from proxy.upstream.connecting import Credentials, Purpose, Upstream
-from proxy.upstream.errors import UpstreamUnavailable
-from proxy.upstream.resilience import BreakerState, CircuitBreaker
+from proxy.upstream.resilience import CircuitBreaker, check_reachable
 
 #: RFC 9110 §7.6.1 connection-specific headers (``Proxy-*`` is matched by prefix).
 HOP_BY_HOP: Final = frozenset(
@@ -128,15 +127,6 @@ def _connection_tokens(values: Iterable[str]) -> frozenset[str]:
 
 
 # ------------------------------------------------------------------------- forwarding
-
-
-def check_reachable(breaker: CircuitBreaker | None) -> None:
-    """Fail at once while the breaker is open (reflectors found the apiserver unreachable)."""
-    if breaker is not None and breaker.state is BreakerState.OPEN:
-        raise UpstreamUnavailable(
-            f"the apiserver is unreachable (circuit breaker open; next probe in "
-            f"{breaker.retry_in():.0f}s)"
-        )
 
 
 def count(upstream: Upstream, verb: str, code: int | str) -> None:
