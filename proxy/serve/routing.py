@@ -24,10 +24,10 @@ from proxy.metrics import Metrics
 from proxy.serve import authenticating, connections, health, limiting
 from proxy.serve.answers import STATUS, status_response
 from proxy.serve.context import Context
+from proxy.serve.executing import read_collection
 from proxy.serve.negotiating import status_encoding
 from proxy.serve.offline import offline_get
 from proxy.serve.passing import pass_through
-from proxy.serve.reading import read_collection
 from proxy.serve.streaming import cut
 from proxy.upstream.discovering import HEALTH_ENDPOINTS
 from proxy.upstream.errors import UpstreamBusy
