@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from aiohttp import web
+
 from proxy.cache.freshness import RecentWrites
 from proxy.cache.store import Store
 from proxy.metrics import Metrics
@@ -77,3 +79,7 @@ class Context:
     """What clients hold against the limits (``proxy.serve.limiting``)."""
     frames: Frames = field(default_factory=Frames)
     """Watch frames shared by the watchers of each shape (``proxy.serve.rendering``)."""
+
+
+CONTEXT: web.AppKey[Context] = web.AppKey("context", Context)
+"""The API listener's Context (``routing.api_app``)."""

@@ -60,7 +60,7 @@ async def pass_through(
 ) -> web.StreamResponse:
     """The request, passed through to the apiserver with the context's settings. A short
     request holds one of ``--max-requests`` (long-running ones hold a watch slot already:
-    ``routing.watch_limits``)."""
+    ``dispatching.watch_limits``)."""
     if limiting.is_long_running(request):
         return await _pass_through(request, ctx, offline=offline)
     with ctx.admission.request(limiting.client_of(request)):
