@@ -20,12 +20,12 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from typing import Any, Final, TypeAlias
+from typing import Any, TypeAlias
 
 from aiohttp import web
 from multidict import CIMultiDict
 
-from proxy.kube.options import parse_bool
+from proxy.kube.options import is_long_running
 from proxy.serve.streaming import ClientGone, SlowClient, cut, write_within
 from proxy.upstream.connecting import Credentials, Purpose, Upstream
 from proxy.upstream.errors import UpstreamUnavailable
@@ -41,22 +41,6 @@ logger = logging.getLogger(__name__)
 
 Offline: TypeAlias = Callable[[web.Request, UpstreamUnavailable], Awaitable[web.StreamResponse]]
 """A caller's own answer for when the apiserver cannot be reached."""
-
-#: Subresources the apiserver treats as long-running (``LongRunningRequestCheck``).
-_LONG_RUNNING_SUBRESOURCES: Final = frozenset({"exec", "attach", "portforward", "proxy", "log"})
-
-
-def is_long_running(request: web.BaseRequest) -> bool:
-    """Watches, followed logs, exec/attach/portforward/proxy: requests with no natural end."""
-    if "watch" in request.query and parse_bool(request.query["watch"]):
-        return True
-    parts = [p for p in request.path.split("/") if p]
-    # /api/v1/watch/... and /apis/G/V/watch/... (deprecated watch prefix)
-    if len(parts) > 2 and parts[0] == "api" and parts[2] == "watch":
-        return True
-    if len(parts) > 3 and parts[0] == "apis" and parts[3] == "watch":
-        return True
-    return any(part in _LONG_RUNNING_SUBRESOURCES for part in parts[2:])
 
 
 class Collector:
@@ -114,7 +98,7 @@ async def relay(
     and body are also kept there; ``counted`` is told the size of every body chunk sent.
     """
     response: web.StreamResponse | None = None
-    long_running = is_long_running(request)
+    long_running = is_long_running(request.path, request.query)
     try:
         async with forwarded(
             upstream=upstream,
