@@ -33,8 +33,8 @@ from proxy.serve import connections, routing
 from proxy.serve.authenticating import (
     DEFAULT_REJECT_PATHS,
     ClientAuth,
+    Guard,
     RejectPaths,
-    RequestChecks,
     TokenFile,
 )
 from proxy.serve.context import Context, ServeSettings
@@ -292,11 +292,11 @@ class App:
             delegation=self.delegation,
             admission=Admission(settings.limits),
         )
-        checks = RequestChecks(
+        guard = Guard(
             loopback_listener=is_loopback_address(settings.listen[0]),
             reject_paths=settings.reject_paths,
         )
-        api = routing.api_app(ctx, auth=settings.client_auth, checks=checks, tokens=tokens)
+        api = routing.api_app(ctx, auth=settings.client_auth, guard=guard, tokens=tokens)
         certificate = self.certificate
         await self._serve(
             api, settings.listen, ssl_context=certificate.context if certificate else None

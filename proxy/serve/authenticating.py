@@ -217,7 +217,7 @@ class TokenFile:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class RequestChecks:
+class Guard:
     """What the API listener's middleware checks (besides ``ClientAuth``)."""
 
     loopback_listener: bool = True
@@ -229,16 +229,16 @@ class RequestChecks:
 
 
 def middleware(
-    auth: ClientAuth, *, checks: RequestChecks | None = None, tokens: TokenFile | None = None
+    auth: ClientAuth, *, guard: Guard | None = None, tokens: TokenFile | None = None
 ) -> Middleware:
-    checks = checks or RequestChecks()
+    guard = guard or Guard()
     if tokens is None and auth.token_file is not None:
         tokens = TokenFile(auth.token_file)
     sidecar_identity = auth.mode == "none"
 
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if checks.loopback_listener and not is_loopback_host(request.host):
+        if guard.loopback_listener and not is_loopback_host(request.host):
             raise StatusError.forbidden(
                 group="",
                 resource="",
@@ -253,7 +253,7 @@ def middleware(
                     reason=f"cross-origin request from {origin!r} refused: with --client-auth "
                     "none every caller acts as warmwatch",
                 )
-            if checks.reject_paths.rejects(request.path):
+            if guard.reject_paths.rejects(request.path):
                 raise StatusError.forbidden(
                     group="",
                     resource="",

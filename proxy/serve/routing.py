@@ -124,7 +124,7 @@ def api_app(
     ctx: Context,
     *,
     auth: authenticating.ClientAuth,
-    checks: authenticating.RequestChecks | None = None,
+    guard: authenticating.Guard | None = None,
     tokens: authenticating.TokenFile | None = None,
 ) -> web.Application:
     app = web.Application(
@@ -132,7 +132,7 @@ def api_app(
             connections.middleware,
             request_target,
             statuses,
-            authenticating.middleware(auth, checks=checks, tokens=tokens),
+            authenticating.middleware(auth, guard=guard, tokens=tokens),
             dispatching.watch_limits,
         ],
         client_max_size=64 * 1024 * 1024,

@@ -95,7 +95,7 @@ def test_loopback_origins(origin: str, loopback: bool) -> None:
 
 
 async def _guarded(
-    auth: authenticating.ClientAuth, *, checks: authenticating.RequestChecks | None = None
+    auth: authenticating.ClientAuth, *, guard: authenticating.Guard | None = None
 ) -> TestClient[web.Request, web.Application]:
     async def ok(_: web.Request) -> web.Response:
         return web.Response(text="ok")
@@ -106,7 +106,7 @@ async def _guarded(
         await ws.close()
         return ws
 
-    app = web.Application(middlewares=[statuses, authenticating.middleware(auth, checks=checks)])
+    app = web.Application(middlewares=[statuses, authenticating.middleware(auth, guard=guard)])
     app.router.add_get("/api/v1/watch/namespaces/kube-system/secrets/s", websocket)
     app.router.add_route("*", "/{tail:.*}", ok)
     client = TestClient(TestServer(app))
@@ -189,7 +189,7 @@ async def test_reject_paths_can_be_emptied_and_apply_to_none_mode_only(tmp_path:
     exec_path = "/api/v1/namespaces/a/pods/p/exec"
     allowing = await _guarded(
         authenticating.ClientAuth.parse("none"),
-        checks=authenticating.RequestChecks(reject_paths=authenticating.RejectPaths.parse("")),
+        guard=authenticating.Guard(reject_paths=authenticating.RejectPaths.parse("")),
     )
     delegated = await _guarded(authenticating.ClientAuth.parse("delegated"))
     try:
@@ -223,7 +223,7 @@ def test_kubectl_proxys_default_plus_port_forward_and_proxies() -> None:
 async def test_a_non_loopback_listener_skips_the_host_check() -> None:
     client = await _guarded(
         authenticating.ClientAuth.parse("delegated"),
-        checks=authenticating.RequestChecks(loopback_listener=False),
+        guard=authenticating.Guard(loopback_listener=False),
     )
     try:
         answer = await client.get("/api/v1/configmaps", headers={"Host": "warmwatch.svc:8443"})
