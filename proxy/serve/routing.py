@@ -21,9 +21,10 @@ from proxy.kube.gocompat import origin_form, valid_escapes
 from proxy.kube.resources import RequestPath
 from proxy.kube.status import StatusError
 from proxy.metrics import Metrics
-from proxy.serve import authenticating, connections, dispatching, health, limiting
+from proxy.serve import authenticating, connections, health, limiting
 from proxy.serve.answers import BARE, STATUS, apiserver_headers, status_response
 from proxy.serve.context import CONTEXT, Context
+from proxy.serve.dispatching import handle, watch_limits
 from proxy.serve.negotiating import status_encoding
 from proxy.serve.streaming import cut
 from proxy.upstream.discovering import HEALTH_ENDPOINTS
@@ -133,14 +134,14 @@ def api_app(
             request_target,
             statuses,
             authenticating.middleware(auth, guard=guard, tokens=tokens),
-            dispatching.watch_limits,
+            watch_limits,
         ],
         client_max_size=64 * 1024 * 1024,
     )
     app[CONTEXT] = ctx
     app[METRICS] = ctx.metrics
     app.on_response_prepare.append(apiserver_headers)
-    app.router.add_route("*", "/{tail:.*}", dispatching.handle)
+    app.router.add_route("*", "/{tail:.*}", handle)
     return app
 
 
