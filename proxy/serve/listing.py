@@ -4,9 +4,7 @@ The list's ``metadata.resourceVersion`` is the RV of the snapshot. ``limit`` is 
 the apiserver's watch cache does for RV "0": the whole list, no ``continue``. Items are the
 stored bytes, concatenated; nothing is decoded per request (metadata-only answers cut each
 object down to its metadata). A not-older-than
-RV the cache has not reached waits briefly (``too_large_wait``), then raises the 504 the
-apiserver would answer, and the read is passed through (``executing``): the apiserver asks
-etcd for the current RV, and answers that 504 itself only when the RV is really ahead.
+RV the cache has not reached waits briefly, then gets 504 with ``Retry-After``.
 
 A LIST is sent within ``ServeSettings.list_timeout`` (60 s, the apiserver's
 ``--request-timeout``, which cuts its own LISTs too) plus the time its bytes take at
