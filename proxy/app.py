@@ -43,6 +43,7 @@ from proxy.serve.securing import ServingCertificate, self_signed
 from proxy.upstream.connecting import ConnectionBudget, ConnectionSettings, Upstream, connect
 from proxy.upstream.delegating import Delegation, DelegationSettings
 from proxy.upstream.discovering import (
+    CachedDocument,
     DiscoveryCopies,
     DiscoverySettings,
     keep_confirmed,
@@ -50,7 +51,6 @@ from proxy.upstream.discovering import (
 )
 from proxy.upstream.errors import UpstreamError
 from proxy.upstream.forwarding import PassthroughSettings
-from proxy.upstream.passing import CachedDocument
 from proxy.upstream.reflecting import ReflectorSettings
 from proxy.upstream.resilience import CircuitBreaker, ListLimiter
 from proxy.upstream.reviewing import IdentityMismatch, check_same_identity

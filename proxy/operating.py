@@ -33,9 +33,9 @@ from proxy.cache.inspecting import (
 from proxy.cache.verifying import Difference, OutOfOrder
 from proxy.kube.resources import ResourceFlag
 from proxy.metrics import Metrics
+from proxy.upstream.comparing import ShapeVerdict, VerifySettings, verify_shape
 from proxy.upstream.connecting import ConnectionSettings, connect
 from proxy.upstream.errors import UpstreamError
-from proxy.upstream.verifying import ShapeVerdict, VerifySettings, verify_shape
 
 EXIT_EQUAL = 0
 EXIT_DIFFERENT = 1

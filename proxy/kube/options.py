@@ -464,3 +464,21 @@ def watch_start(options: ListOptions) -> WatchStart:
             initial_events_end_bookmark=defaulted and options.allow_watch_bookmarks,
         )
     return WatchStart(kind=WatchStartKind.FROM_NOW, freshness=_freshness(rv))
+
+
+#: Subresources the apiserver treats as long-running (``LongRunningRequestCheck``).
+_LONG_RUNNING_SUBRESOURCES: Final = frozenset({"exec", "attach", "portforward", "proxy", "log"})
+
+
+def is_long_running(path: str, query: Mapping[str, str]) -> bool:
+    """Watches, followed logs, exec/attach/portforward/proxy: requests with no natural end
+    (``query``: the first value of each parameter)."""
+    if "watch" in query and parse_bool(query["watch"]):
+        return True
+    parts = [p for p in path.split("/") if p]
+    # /api/v1/watch/... and /apis/G/V/watch/... (deprecated watch prefix)
+    if len(parts) > 2 and parts[0] == "api" and parts[2] == "watch":
+        return True
+    if len(parts) > 3 and parts[0] == "apis" and parts[3] == "watch":
+        return True
+    return any(part in _LONG_RUNNING_SUBRESOURCES for part in parts[2:])

@@ -37,7 +37,7 @@ from aiohttp.typedefs import Handler
 
 from proxy.metrics import Metrics
 from proxy.serve.limiting import Limits, too_many_requests
-from proxy.serve.streaming import SlowClient
+from proxy.serve.streaming import ClientGone, SlowClient
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def client_fault(error: BaseException | None) -> str | None:
         return "malformed"
     if isinstance(error, SlowClient):
         return "slow"
-    if isinstance(error, ConnectionError):
+    if isinstance(error, ConnectionError | ClientGone):
         return "disconnected"
     return None
 
@@ -118,7 +118,7 @@ class ClientErrorLog(logging.Logger):
         self._said_at, self._unsaid = now, 0
 
 
-class Guard:
+class ConnectionGuard:
     """The state of one listener's connections."""
 
     def __init__(self, *, limits: Limits, metrics: Metrics) -> None:
@@ -140,14 +140,14 @@ def headers_end(data: bytes) -> int:
 
 
 class GuardedConnection(asyncio.Protocol):
-    """aiohttp's per-connection handler, with the limits of :class:`Guard` around it. Every
-    protocol callback is passed on to the handler.
+    """aiohttp's per-connection handler, with the limits of :class:`ConnectionGuard` around
+    it. Every protocol callback is passed on to the handler.
 
     A connection is reading a request's headers (its deadline armed, their bytes counted),
     in a request (headers complete: seen in the bytes, or the handler started), or idle
     between requests (the next byte starts the headers of the next one)."""
 
-    def __init__(self, handler: asyncio.Protocol, guard: Guard) -> None:
+    def __init__(self, handler: asyncio.Protocol, guard: ConnectionGuard) -> None:
         self.handler = handler
         self.guard = guard
         self.transport: asyncio.Transport | None = None
@@ -321,7 +321,7 @@ class GuardedSite(web.BaseSite):
         *,
         host: str,
         port: int,
-        guard: Guard,
+        guard: ConnectionGuard,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         super().__init__(runner, ssl_context=ssl_context)
@@ -387,7 +387,7 @@ async def serve(
         max_field_size=header_bytes,
     )
     await runner.setup()
-    guard = Guard(limits=limits, metrics=metrics)
+    guard = ConnectionGuard(limits=limits, metrics=metrics)
     site = GuardedSite(
         runner, host=address[0], port=address[1], guard=guard, ssl_context=ssl_context
     )

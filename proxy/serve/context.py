@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from aiohttp import web
+
 from proxy.cache.freshness import RecentWrites
 from proxy.cache.store import Store
 from proxy.metrics import Metrics
@@ -12,7 +14,7 @@ from proxy.serve.limiting import Admission, Limits
 from proxy.serve.rendering import Frames
 from proxy.upstream.connecting import Credentials, Upstream
 from proxy.upstream.delegating import Delegation
-from proxy.upstream.passing import DiscoveryCache, DiscoveryCopies
+from proxy.upstream.discovering import DiscoveryCache, DiscoveryCopies
 from proxy.upstream.resilience import CircuitBreaker
 from proxy.upstream.syncing import Syncer
 
@@ -67,7 +69,7 @@ class Context:
     ready: Callable[[], tuple[bool, str]]
     """warmwatch's own readiness (every configured shape serveable)."""
     writes: RecentWrites
-    """Writes passed through, for read your writes (``proxy.serve.freshness``)."""
+    """Writes passed through, for read your writes (``proxy.serve.read_your_writes``)."""
     discovery_copies: DiscoveryCopies | None = None
     """Discovery documents that may be answered without asking the apiserver."""
     delegation: Delegation | None = None
@@ -77,3 +79,7 @@ class Context:
     """What clients hold against the limits (``proxy.serve.limiting``)."""
     frames: Frames = field(default_factory=Frames)
     """Watch frames shared by the watchers of each shape (``proxy.serve.rendering``)."""
+
+
+CONTEXT: web.AppKey[Context] = web.AppKey("context", Context)
+"""The API listener's Context (``routing.api_app``)."""

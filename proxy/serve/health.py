@@ -25,17 +25,16 @@ from collections.abc import Callable
 
 from aiohttp import web
 
+from proxy.serve.relaying import Offline
+from proxy.upstream.discovering import HEALTH_ENDPOINTS
 from proxy.upstream.errors import UpstreamUnavailable
-from proxy.upstream.passing import Offline
-
-ENDPOINTS = ("/healthz", "/livez", "/readyz")
 
 Check = Callable[[], tuple[bool, str]]
 """A check: passing or not, and why."""
 
 
 def is_health_path(path: str) -> bool:
-    return any(path == e or path.startswith(f"{e}/") for e in ENDPOINTS)
+    return any(path == e or path.startswith(f"{e}/") for e in HEALTH_ENDPOINTS)
 
 
 def answer(request: web.BaseRequest, *, check: Check) -> web.Response:

@@ -26,10 +26,10 @@ from typing import Final
 
 from aiohttp import web
 
+from proxy.kube import options
 from proxy.kube.gocompat import parse_query
 from proxy.kube.options import parse_bool
 from proxy.kube.resources import RequestPath
-from proxy.upstream import passing
 
 RETRY_AFTER: Final = "1"
 """maxinflight.go's ``retryAfter``."""
@@ -138,7 +138,8 @@ def client_of(request: web.BaseRequest) -> str:
 def is_long_running(request: web.BaseRequest) -> bool:
     """A request that holds a watch slot: a watch, or what the apiserver's long-running check
     names (followed logs, exec, attach, port-forward, proxy)."""
-    return (request.method == "GET" and is_watch(request)) or passing.is_long_running(request)
+    long_running = options.is_long_running(request.path, request.query)
+    return (request.method == "GET" and is_watch(request)) or long_running
 
 
 def is_watch(request: web.BaseRequest) -> bool:

@@ -4,7 +4,8 @@ A GET is passed through whenever the apiserver answers (it is a consistent read)
 cannot be reached, a controller that restarted from the cache still looks objects up — the
 garbage collector verifies owners, controllers re-read what they reconcile — and would only
 get 503s. Then the object is answered from a cached collection that holds it (full or
-metadata-only, JSON or protobuf, as negotiated), as of the cache's resourceVersion.
+metadata-only, JSON or protobuf, as negotiated: ``planning.plan_object_get``), as of the
+cache's resourceVersion.
 
 An object the cache does not hold is still 503, never 404: "not found" from a cache that may
 be behind could make a controller act on an absence that is not real (the garbage collector
@@ -30,15 +31,13 @@ import logging
 
 from aiohttp import web
 
-from proxy.cache.shapes import Request
 from proxy.kube.resources import RequestPath
-from proxy.kube.selectors import FieldSelector, LabelSelector
 from proxy.serve import authorizing
+from proxy.serve.answers import unavailable
 from proxy.serve.context import Context
-from proxy.serve.negotiating import Representation, negotiate
-from proxy.serve.rendering import Renderer
+from proxy.serve.planning import plan_object_get
+from proxy.serve.relaying import Offline
 from proxy.upstream.errors import UpstreamUnavailable
-from proxy.upstream.passing import Offline, unavailable
 from proxy.upstream.reviewing import AccessAttributes
 
 logger = logging.getLogger(__name__)
@@ -53,36 +52,16 @@ def offline_get(ctx: Context, path: RequestPath) -> Offline:
             get, *reads = _get_and_its_implying_reads(path)
             if await authorizing.grant(request, ctx.delegation, get, implied_by=reads) is None:
                 return unavailable(error)
-        accept = request.headers.get("Accept")
-        protobuf_ok = ctx.syncer.has_protobuf(path.gvr)
-        for ok in (protobuf_ok, False) if protobuf_ok else (False,):
-            negotiated = negotiate(accept, single=True, protobuf_ok=ok)
-            if negotiated.representation is Representation.PASS_THROUGH:
-                continue
-            wanted = Request(
-                gvr=path.gvr,
-                namespace=path.namespace,
-                label_selector=LabelSelector.EVERYTHING,
-                field_selector=FieldSelector.EVERYTHING,
-                encoding=negotiated.encoding,
-            )
-            shape = ctx.syncer.find(wanted, namespaced=True if path.namespace else None)
-            if shape is None or shape.rv is None:
-                continue
-            raw = await ctx.store.get_object(shape, namespace=path.namespace or "", name=path.name)
-            if raw is None:
-                break  # not cached: the apiserver's business (see the module docstring)
-            renderer = Renderer(
-                encoding=shape.key.encoding,
-                metadata_only=negotiated.representation is Representation.METADATA,
-                kind=shape.kind,
-                api_version=shape.api_version,
-            )
-            logger.debug("apiserver unreachable; %s served from the cache", request.path)
-            return web.Response(
-                body=renderer.single(raw), headers={"Content-Type": renderer.content_type}
-            )
-        return unavailable(error)
+        plan = plan_object_get(path, request.headers.get("Accept"), ctx.syncer)
+        if plan is None:
+            return unavailable(error)
+        raw = await ctx.store.get_object(plan.shape, namespace=path.namespace or "", name=path.name)
+        if raw is None:
+            return unavailable(error)  # not cached: the apiserver's business (see above)
+        logger.debug("apiserver unreachable; %s served from the cache", request.path)
+        return web.Response(
+            body=plan.renderer.single(raw), headers={"Content-Type": plan.renderer.content_type}
+        )
 
     return respond
 

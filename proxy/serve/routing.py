@@ -1,15 +1,15 @@
 """The aiohttp applications: the API listener and the metrics/health listener.
 
-Every request on the API listener goes through one handler: a GET of a collection is a cached
-read (which may still decide to pass through); everything else passes through. Errors become
-Kubernetes ``Status`` answers, never tracebacks.
+Every request on the API listener passes this module's middlewares (the request target, then
+Status answers around everything after), the client's authentication (``authenticating``),
+and then ``dispatching``, whose one handler chooses between a cached read and passthrough.
+Errors become Kubernetes ``Status`` answers, never tracebacks.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from collections.abc import Callable
 
 import yarl
@@ -22,23 +22,17 @@ from proxy.kube.resources import RequestPath
 from proxy.kube.status import StatusError
 from proxy.metrics import Metrics
 from proxy.serve import authenticating, connections, health, limiting
-from proxy.serve.context import Context
+from proxy.serve.answers import BARE, STATUS, apiserver_headers, status_response
+from proxy.serve.context import CONTEXT, Context
+from proxy.serve.dispatching import handle, watch_limits
 from proxy.serve.negotiating import status_encoding
-from proxy.serve.offline import offline_get
-from proxy.serve.reading import pass_through, read_collection
 from proxy.serve.streaming import cut
+from proxy.upstream.discovering import HEALTH_ENDPOINTS
 from proxy.upstream.errors import UpstreamBusy
-from proxy.upstream.forwarding import STATUS
-from proxy.upstream.passing import status_response
 
 logger = logging.getLogger(__name__)
 
-CONTEXT: web.AppKey[Context] = web.AppKey("context", Context)
 METRICS: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
-
-
-_BARE = "warmwatch.bare"
-"""Marks an answer Go's HTTP server itself would write: no apiserver headers on it."""
 
 
 @web.middleware
@@ -50,7 +44,7 @@ async def request_target(request: web.Request, handler: Handler) -> web.StreamRe
     request's host (Go's ``Request.Host``, which the loopback Host check then checks)."""
     if not valid_escapes(request.raw_path.partition("?")[0]):
         response = web.Response(status=400, text="400 Bad Request")
-        response[_BARE] = True
+        response[BARE] = True
         response.force_close()
         return response
     relative = origin_form(request.raw_path)
@@ -66,17 +60,6 @@ def _not_found() -> web.Response:
     response = web.Response(status=404, text="404 page not found\n")
     response.headers["X-Content-Type-Options"] = "nosniff"
     return response
-
-
-async def apiserver_headers(request: web.Request, response: web.StreamResponse) -> None:
-    """Headers the apiserver puts on every answer, where the answer (ours, or passed through
-    from the apiserver) lacks them: ``Audit-Id`` (the client's, echoed, else a new one) and
-    ``Cache-Control: no-cache, private``."""
-    if response.get(_BARE):
-        return
-    if "Audit-Id" not in response.headers:
-        response.headers["Audit-Id"] = request.headers.get("Audit-Id") or str(uuid.uuid4())
-    response.headers.setdefault("Cache-Control", "no-cache, private")
 
 
 @web.middleware
@@ -138,29 +121,6 @@ async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
         return response
 
 
-@web.middleware
-async def watch_limits(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """A watch (or another long-running request) holds a slot of ``--max-watches`` and of its
-    client's ``--max-client-watches`` while it runs (cached or passed through)."""
-    if not limiting.is_long_running(request):
-        return await handler(request)
-    with request.app[CONTEXT].admission.watch(limiting.client_of(request)):
-        return await handler(request)
-
-
-async def handle(request: web.Request) -> web.StreamResponse:
-    ctx = request.app[CONTEXT]
-    if request.method == "GET":
-        if health.is_health_path(request.path):
-            return await pass_through(request, ctx, offline=health.offline_answer(ready=ctx.ready))
-        path = RequestPath.parse(request.path)
-        if path is not None and path.is_collection:
-            return await read_collection(request, path=path, ctx=ctx)
-        if path is not None and path.subresource is None and not path.watch_prefix:
-            return await pass_through(request, ctx, offline=offline_get(ctx, path))
-    return await pass_through(request, ctx)
-
-
 def api_app(
     ctx: Context,
     *,
@@ -207,7 +167,7 @@ def health_app(*, metrics: Metrics, ready: Callable[[], tuple[bool, str]]) -> we
 
     app = web.Application(middlewares=[connections.middleware])
     app.router.add_get("/metrics", exposition)
-    for endpoint in health.ENDPOINTS:
+    for endpoint in HEALTH_ENDPOINTS:
         app.router.add_get(endpoint, probe)
         app.router.add_get(endpoint + "/{check:.+}", probe)
     return app

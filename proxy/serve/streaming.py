@@ -1,4 +1,5 @@
-"""Writing a streamed answer (a LIST, a watch) to a client that may stop reading.
+"""Writing a streamed answer (a LIST, a watch, a passed-through answer) to a client that may
+stop reading, and cutting a client.
 
 Every write has a deadline (``ServeSettings.slow_write_timeout``). A client that accepts no
 data for that long is cut with a TCP reset: it must not hold a cache reader and its read
@@ -14,15 +15,14 @@ reading pins in memory is one piece and that buffer, not a whole batch of rows o
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+import struct
 from collections.abc import Awaitable, Callable
 from typing import Final
 
 from aiohttp import web
 from aiohttp.http_writer import StreamWriter
-
-from proxy.upstream.forwarding import cut
-
-__all__ = ["PIECE", "Pieces", "Send", "SlowClient", "cut", "write_now", "write_within"]
 
 PIECE: Final = 64 * 1024
 """Bytes gathered into one write: the size of the transport's high-water mark, so a write
@@ -34,6 +34,29 @@ Send = Callable[[bytes], Awaitable[None]]
 
 class SlowClient(Exception):
     """The client did not accept a write within the slow-write timeout."""
+
+
+class ClientGone(Exception):
+    """The client disconnected while its answer was written: a ``ConnectionError`` of the
+    write, re-raised as this where it must not pass for an upstream failure (aiohttp's
+    ``ClientConnectionResetError`` is also an aiohttp ``ClientError``)."""
+
+
+def cut(request: web.BaseRequest) -> None:
+    """Close the client's connection now, discarding what it has not read (a TCP reset).
+
+    ``close()`` would first wait for the client to read our buffer, and even ``abort()`` leaves
+    the kernel holding the connection open until the client reads what the socket still has:
+    a client that stopped reading would keep it forever.
+    """
+    transport = request.transport
+    if transport is None:
+        return
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
 
 
 async def write_within(

@@ -16,7 +16,6 @@ shape: that is reported as a 406, which refuses the shape like any other first-l
 
 from __future__ import annotations
 
-import struct
 from collections.abc import AsyncIterable, AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -28,7 +27,7 @@ from proxy.cache.shapes import Encoding
 from proxy.kube import protobuf
 from proxy.kube.payloads import INITIAL_EVENTS_END_ANNOTATION
 from proxy.upstream.errors import UpstreamProtocolError, UpstreamStatusError
-from proxy.upstream.framing import MAX_LINE, FramingError, event_object_bytes, line_batches
+from proxy.upstream.framing import event_object_bytes, frame_batches, line_batches
 
 _TYPES = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"})
 
@@ -201,28 +200,6 @@ def _protobuf_event(message: bytes | memoryview) -> Event:
         api_version=envelope.api_version,
         change=change_from_protobuf(ChangeType(event_type), bytes(envelope.raw)),
     )
-
-
-async def frame_batches(chunks: AsyncIterable[bytes]) -> AsyncIterator[list[bytes]]:
-    """Complete length-prefixed frames, grouped by the chunk that completed them."""
-    pending = b""
-    async for chunk in chunks:
-        data = pending + chunk if pending else chunk
-        frames: list[bytes] = []
-        at = 0
-        while len(data) - at >= 4:
-            (length,) = struct.unpack_from(">I", data, at)
-            if length > MAX_LINE:
-                raise FramingError(f"watch frame of {length} bytes")
-            if len(data) - at - 4 < length:
-                break
-            frames.append(data[at + 4 : at + 4 + length])
-            at += 4 + length
-        pending = data[at:]
-        if frames:
-            yield frames
-    if pending:
-        raise FramingError(f"watch stream ended inside a frame ({len(pending)} bytes left)")
 
 
 class _Protobuf:

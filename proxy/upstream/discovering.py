@@ -54,6 +54,9 @@ either: a ``200 ok`` the apiserver gave within ``max_age`` is answered again, an
 confirmed. Any other answer is not kept (the next check is passed through and sees it), and
 while the apiserver cannot be reached the caller's own answer (``proxy.serve.health``)
 stands, never a stored one.
+
+This module keeps the copies (their bounds, their confirmation); answering a client from them
+is ``proxy.serve.documents``.
 """
 
 from __future__ import annotations
@@ -65,29 +68,16 @@ import math
 import time
 import urllib.parse
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Final, Protocol, TypeAlias
-
-from aiohttp import web
+from typing import Final, Protocol
 
 from proxy.kube.gocompat import GoDurationError, GoNumError, parse_bool, parse_duration, parse_query
 from proxy.kube.options import first_values
-from proxy.kube.status import StatusError
 from proxy.metrics import Metrics
-from proxy.upstream.connecting import Credentials, Upstream
-from proxy.upstream.errors import UpstreamError, UpstreamUnavailable
-from proxy.upstream.forwarding import (
-    Collector,
-    Offline,
-    PassthroughSettings,
-    count,
-    forward,
-    forwarded_request_headers,
-    forwarded_response_headers,
-    status_response,
-    unavailable,
-)
+from proxy.upstream.connecting import Upstream
+from proxy.upstream.errors import UpstreamError
+from proxy.upstream.forwarding import PassthroughSettings, forwarded_response_headers
 from proxy.upstream.resilience import BreakerState, CircuitBreaker
 
 logger = logging.getLogger(__name__)
@@ -98,12 +88,8 @@ _NOT_CACHED: Final = frozenset(
     {"content-length", "date", "audit-id", "set-cookie", "content-encoding"}
 )
 
-#: Headers a 304 answer repeats (RFC 9110 §15.4.5).
-_NOT_MODIFIED_HEADERS: Final = frozenset(
-    {"etag", "cache-control", "vary", "expires", "content-location"}
-)
-
-_HEALTH_CHECKS: Final = frozenset({"/healthz", "/livez", "/readyz"})
+HEALTH_ENDPOINTS: Final = ("/healthz", "/livez", "/readyz")
+"""The apiserver's health endpoints (``/readyz/etcd`` names one check of one)."""
 _UNQUERIED: Final = frozenset({"/version", "/openapi/v2", "/openapi/v3"})
 _PRETTY_AGENTS: Final = ("curl", "Wget", "Mozilla/5.0")
 """``negotiation.isPrettyPrint``: clients whose JSON the apiserver indents unasked."""
@@ -132,10 +118,6 @@ class CachedDocument:
         )
 
 
-Admit: TypeAlias = Callable[[web.BaseRequest], Awaitable[None]]
-"""Whether a request may be answered: returns, or raises the StatusError to answer."""
-
-
 class DiscoveryCache(Protocol):
     """Where discovery documents are kept (SQLite in proxy.cache; in memory in tests)."""
 
@@ -152,7 +134,7 @@ def discovery_key(*, path: str, query: str, accept: str, user_agent: str) -> str
     with the kept parameters of the module's rule; None when warmwatch keeps no copy for it
     (not a discovery document, a health check with a query, a ``timeout`` the apiserver
     refuses): passed through, not stored."""
-    if path in _HEALTH_CHECKS:
+    if path in HEALTH_ENDPOINTS:
         return _key(path, [], accept) if not query else None
     if not (path in _UNQUERIED or path.startswith("/openapi/v3/") or _is_group_path(path)):
         return None
@@ -168,16 +150,6 @@ def discovery_key(*, path: str, query: str, accept: str, user_agent: str) -> str
     if _is_group_path(path) and _pretty(query, params.get("pretty", ""), user_agent):
         kept.append(("pretty", "true"))
     return _key(path, kept, accept)
-
-
-def request_key(request: web.BaseRequest) -> str | None:
-    """:func:`discovery_key` of a GET."""
-    return discovery_key(
-        path=request.path,
-        query=request.rel_url.raw_query_string,
-        accept=", ".join(request.headers.getall("Accept", [])),
-        user_agent=request.headers.get("User-Agent", ""),
-    )
 
 
 def _key(path: str, kept: list[tuple[str, str]], accept: str) -> str:
@@ -229,18 +201,6 @@ def changes_discovery(path: str) -> bool:
             "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
             "/apis/apiregistration.k8s.io/v1/apiservices",
         )
-    )
-
-
-def _etag_matches(if_none_match: str | None, etag: str | None) -> bool:
-    """Weak comparison (RFC 9110 §13.1.2), as Go's ``checkIfNoneMatch``."""
-    if not if_none_match or not etag:
-        return False
-    if if_none_match.strip() == "*":
-        return True
-    ours = etag.strip().removeprefix("W/")
-    return any(
-        candidate.strip().removeprefix("W/") == ours for candidate in if_none_match.split(",")
     )
 
 
@@ -552,140 +512,13 @@ def _has_etag(copy: _Copy) -> bool:
     return copy.document is None or copy.document.etag is not None
 
 
-# ------------------------------------------------------------------------- serving
-
-
-async def serve_discovery(
-    request: web.Request,
-    *,
-    key: str,
-    upstream: Upstream,
-    credentials: Credentials,
-    cache: DiscoveryCache,
-    copies: DiscoveryCopies,
-    breaker: CircuitBreaker | None,
-    settings: PassthroughSettings,
-    admit_offline: Admit | None = None,
-    offline: Offline | None = None,
-) -> web.StreamResponse:
-    """Answer a discovery GET (or a plain health check) whose copy is ``key`` from a
-    confirmed copy (see the module docstring), or forward it (with the client's
-    If-None-Match) and keep a 200 answer. When the apiserver cannot be reached:
-    ``offline``'s answer if given, else the stored document."""
-    if copies.settings.answering:
-        copy = copies.answer(key)
-        if copy is not None:
-            upstream.metrics.discovery_answers.labels(source="copy").inc()
-            return _serve_cached(request, copy)
-    headers = forwarded_request_headers(request)
-    # Ask for the identity encoding, so the stored document suits every later client.
-    headers.popall("Accept-Encoding", None)
-    collector = Collector(limit=settings.discovery_max_bytes)
-    try:
-        response = await forward(
-            request,
-            upstream=upstream,
-            credentials=credentials,
-            breaker=breaker,
-            settings=settings,
-            purpose="discovery",
-            headers=headers,
-            collector=collector,
-        )
-    except UpstreamUnavailable as error:
-        if offline is not None:
-            count(upstream, "GET", "error")
-            return await offline(request, error)
-        return await _serve_stored(
-            request,
-            key,
-            error,
-            upstream=upstream,
-            cache=cache,
-            copies=copies,
-            admit=admit_offline,
-        )
-    upstream.metrics.discovery_answers.labels(source="apiserver").inc()
-    if collector.complete and collector.status == 200:
-        await _keep(copies, cache, key, _document(collector.headers, collector.body))
-    else:
-        copies.asked(key)
-    return response
-
-
-async def _serve_stored(
-    request: web.Request,
-    key: str,
-    error: UpstreamUnavailable,
-    *,
-    upstream: Upstream,
-    cache: DiscoveryCache,
-    copies: DiscoveryCopies,
-    admit: Admit | None,
-) -> web.StreamResponse:
-    """The apiserver is unreachable: the stored document, however old, to an admitted
-    client; else the 503 (or the admission's refusal). Without a copy for the client's own
-    ``Accept``, a copy asked with another one whose media type the client accepts serves
-    too (a typed client-go controller asks for protobuf first and accepts JSON: it starts
-    from what a JSON client of the same pod stored)."""
-    document = await _cached(cache, key)
-    if document is None:
-        document = await _acceptable_variant(request, key, cache=cache, copies=copies)
-    if document is None:
-        count(upstream, "GET", "error")
-        return unavailable(error)
-    if admit is not None:
-        try:
-            await admit(request)
-        except StatusError as refused:
-            count(upstream, "GET", refused.code)
-            return status_response(refused)
-    logger.info("apiserver unreachable (%s); serving %s from the discovery cache", error, key)
-    upstream.metrics.discovery_answers.labels(source="stored").inc()
-    cached = _serve_cached(request, document)
-    count(upstream, "GET", cached.status)
-    return cached
-
-
-async def _acceptable_variant(
-    request: web.BaseRequest, key: str, *, cache: DiscoveryCache, copies: DiscoveryCopies
-) -> CachedDocument | None:
-    """The first stored variant of ``key``'s document whose media type matches one of the
-    request's ``Accept`` ranges, taken in the client's order."""
-    stored = [d for d in [await _cached(cache, k) for k in copies.variants(key)] if d is not None]
-    for media_range in ", ".join(request.headers.getall("Accept", [])).split(","):
-        wanted = _media_type(media_range)
-        for document in stored:
-            content_type = next((v for k, v in document.headers if k.lower() == "content-type"), "")
-            if _matches(wanted, _media_type(content_type)):
-                return document
-    return None
-
-
-def _media_type(text: str) -> tuple[str, dict[str, str]]:
-    """A media type and its parameters (lower-cased names), e.g. ``application/json;g=...``."""
-    kind, *parameters = text.split(";")
-    pairs = (p.partition("=") for p in parameters)
-    return kind.strip().lower(), {n.strip().lower(): v.strip().strip('"') for n, _, v in pairs}
-
-
-def _matches(wanted: tuple[str, dict[str, str]], offered: tuple[str, dict[str, str]]) -> bool:
-    """``offered`` (a stored answer's type) satisfies the range ``wanted``: the same type (or
-    a wildcard), and the same ``g``, ``v`` and ``as`` (aggregated discovery is a
-    transformation: a range without them wants the plain document, and gets no other)."""
-    kind, parameters = wanted
-    if kind not in ("*/*", offered[0]) and kind != offered[0].split("/")[0] + "/*":
-        return False
-    return all(offered[1].get(name) == parameters.get(name) for name in ("g", "v", "as"))
-
-
-def _document(headers: Iterable[tuple[str, str]], body: bytes) -> CachedDocument:
+def document_of(headers: Iterable[tuple[str, str]], body: bytes) -> CachedDocument:
     kept = tuple((k, v) for k, v in headers if k.lower() not in _NOT_CACHED)
     etag = next((v for k, v in kept if k.lower() == "etag"), None)
     return CachedDocument(status=200, headers=kept, body=body, etag=etag)
 
 
-async def _keep(
+async def keep(
     copies: DiscoveryCopies,
     cache: DiscoveryCache,
     key: str,
@@ -761,7 +594,7 @@ async def revalidate(
     (the API is gone) or a document grown too large deletes it, and any other answer leaves
     it unconfirmed, so the next client request is passed through and gets that answer."""
     if document is None:
-        document = await _cached(cache, key)
+        document = await stored_document(cache, key)
     target, accept = parse_discovery_key(key)
     headers = {"Accept": accept} if accept else {}
     if document is not None and document.etag:
@@ -793,12 +626,12 @@ async def revalidate(
                 await _forget(copies, cache, key)
                 metric.labels(result="too large").inc()
                 return
-        fresh = _document(forwarded_response_headers(response.headers), bytes(body))
+        fresh = document_of(forwarded_response_headers(response.headers), bytes(body))
     if document is not None and fresh.body == document.body:
         copies.confirmed(key, document)
         metric.labels(result="unchanged").inc()
         return
-    kept = await _keep(copies, cache, key, fresh, asked=False)
+    kept = await keep(copies, cache, key, fresh, asked=False)
     metric.labels(result="unchanged" if kept.same else "changed").inc()
 
 
@@ -810,22 +643,9 @@ async def _forget(copies: DiscoveryCopies, cache: DiscoveryCache, key: str) -> N
             logger.exception("Cannot delete discovery document %s", key)
 
 
-async def _cached(cache: DiscoveryCache, key: str) -> CachedDocument | None:
+async def stored_document(cache: DiscoveryCache, key: str) -> CachedDocument | None:
     try:
         return await cache.get(key)
     except Exception:
         logger.exception("Cannot read discovery document %s", key)
         return None
-
-
-def _serve_cached(request: web.BaseRequest, document: CachedDocument) -> web.Response:
-    if _etag_matches(request.headers.get("If-None-Match"), document.etag):
-        not_modified = web.Response(status=304)
-        for name, value in document.headers:
-            if name.lower() in _NOT_MODIFIED_HEADERS:
-                not_modified.headers.add(name, value)
-        return not_modified
-    response = web.Response(status=document.status, body=document.body)
-    for name, value in document.headers:
-        response.headers.add(name, value)
-    return response

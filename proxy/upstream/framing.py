@@ -1,20 +1,23 @@
-"""Watch stream framing: newline-delimited JSON, one event per line.
+"""Watch stream framing: newline-delimited JSON, one event per line, or protobuf's
+length-prefixed frames (``application/vnd.kubernetes.protobuf;stream=watch``: a 4-byte
+big-endian length, then the message).
 
 aiohttp's own line reader refuses lines longer than its buffer limit (128 KiB), and Kubernetes
 objects reach 1.5 MiB, so the stream is split here. Each chunk that arrives is split at once and
-its complete lines are yielded together: the reflector commits them as one batch, which is how
+its complete lines (or frames) are yielded together: the reflector commits them as one batch, which is how
 events are batched under load without adding latency when the stream is quiet.
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any
 
 import orjson
 
 MAX_LINE = 64 * 1024 * 1024
-"""A line longer than this is not a Kubernetes object (etcd's limit is ~1.5 MiB)."""
+"""A line (or frame) longer than this is not a Kubernetes object (etcd's limit is ~1.5 MiB)."""
 
 
 class FramingError(ValueError):
@@ -53,3 +56,25 @@ def event_object_bytes(line: bytes, event: dict[str, Any]) -> bytes:
         if raw.startswith(b"{") and raw.endswith(b"}"):
             return raw
     return orjson.dumps(event.get("object"))
+
+
+async def frame_batches(chunks: AsyncIterable[bytes]) -> AsyncIterator[list[bytes]]:
+    """Complete length-prefixed frames, grouped by the chunk that completed them."""
+    pending = b""
+    async for chunk in chunks:
+        data = pending + chunk if pending else chunk
+        frames: list[bytes] = []
+        at = 0
+        while len(data) - at >= 4:
+            (length,) = struct.unpack_from(">I", data, at)
+            if length > MAX_LINE:
+                raise FramingError(f"watch frame of {length} bytes")
+            if len(data) - at - 4 < length:
+                break
+            frames.append(data[at + 4 : at + 4 + length])
+            at += 4 + length
+        pending = data[at:]
+        if frames:
+            yield frames
+    if pending:
+        raise FramingError(f"watch stream ended inside a frame ({len(pending)} bytes left)")

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from proxy.metrics import BreakerStateValue, Metrics
+from proxy.upstream.errors import UpstreamUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +33,7 @@ __all__ = [
     "ListLimiterSettings",
     "ListSlot",
     "RateBuckets",
+    "check_reachable",
     "choose_delay",
 ]
 
@@ -279,6 +281,15 @@ class CircuitBreaker:
     def _publish(self) -> None:
         if self._metrics is not None:
             self._metrics.set_breaker_state(target=self.target, state=self._state.gauge_value)
+
+
+def check_reachable(breaker: CircuitBreaker | None) -> None:
+    """Fail at once while the breaker is open (reflectors found the apiserver unreachable)."""
+    if breaker is not None and breaker.state is BreakerState.OPEN:
+        raise UpstreamUnavailable(
+            f"the apiserver is unreachable (circuit breaker open; next probe in "
+            f"{breaker.retry_in():.0f}s)"
+        )
 
 
 # ------------------------------------------------------------------------ list limiter

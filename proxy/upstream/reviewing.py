@@ -23,8 +23,7 @@ from typing import Any, NotRequired, TypedDict
 
 from proxy.upstream.connecting import Upstream
 from proxy.upstream.errors import UpstreamError, UpstreamProtocolError, UpstreamStatusError
-from proxy.upstream.forwarding import check_reachable
-from proxy.upstream.resilience import CircuitBreaker
+from proxy.upstream.resilience import CircuitBreaker, check_reachable
 
 __all__ = [
     "AccessAttributes",

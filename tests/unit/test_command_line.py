@@ -22,7 +22,7 @@ def test_the_proxy_does_not_import_the_operator_commands() -> None:
         "proxy.operating",
         "proxy.cache.inspecting",
         "proxy.cache.verifying",
-        "proxy.upstream.verifying",
+        "proxy.upstream.comparing",
     )
     script = (
         "import sys, proxy.__main__\n"

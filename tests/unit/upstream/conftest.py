@@ -1,4 +1,5 @@
-"""An in-process fake apiserver, a proxy app around ``pass_through``, and credentials.
+"""An in-process fake apiserver, a proxy app around ``serve.passing.pass_through_with``, and
+credentials.
 
 The fake apiserver is a real aiohttp server on a random localhost port (plain HTTP, or TLS
 with client-certificate verification); it records every request it sees so tests can assert
@@ -23,15 +24,12 @@ from aiohttp import web
 
 from loadtest import pki as pki_module
 from proxy.metrics import Metrics
+from proxy.serve.documents import Admit
+from proxy.serve.passing import pass_through_with
+from proxy.serve.relaying import Offline
 from proxy.upstream.connecting import ConnectionSettings, Upstream, connect
-from proxy.upstream.discovering import Admit, DiscoverySettings
-from proxy.upstream.passing import (
-    CachedDocument,
-    DiscoveryCopies,
-    Offline,
-    PassthroughSettings,
-    pass_through,
-)
+from proxy.upstream.discovering import CachedDocument, DiscoveryCopies, DiscoverySettings
+from proxy.upstream.forwarding import PassthroughSettings
 from proxy.upstream.resilience import CircuitBreaker
 
 
@@ -498,7 +496,7 @@ async def start_proxy(
         copies = DiscoveryCopies(settings=DiscoverySettings(max_age=0), metrics=upstream.metrics)
 
     async def handler(request: web.Request) -> web.StreamResponse:
-        return await pass_through(
+        return await pass_through_with(
             request,
             upstream=upstream,
             credentials=credentials,  # type: ignore[arg-type]

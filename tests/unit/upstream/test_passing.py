@@ -13,14 +13,12 @@ import orjson
 import pytest
 from aiohttp import web
 
+from proxy.kube.options import is_long_running
 from proxy.metrics import Metrics
 from proxy.upstream.connecting import ConnectionSettings, Upstream, connect
+from proxy.upstream.discovering import discovery_key
 from proxy.upstream.errors import UpstreamUnavailable
-from proxy.upstream.passing import (
-    PassthroughSettings,
-    discovery_key,
-    is_long_running,
-)
+from proxy.upstream.forwarding import PassthroughSettings
 from proxy.upstream.resilience import CircuitBreaker
 from tests.unit.upstream.conftest import (
     FakeApiserver,
@@ -86,7 +84,8 @@ def test_discovery_paths(path: str, expected: bool) -> None:
 def test_long_running(path_qs: str, expected: bool) -> None:
     from aiohttp.test_utils import make_mocked_request
 
-    assert is_long_running(make_mocked_request("GET", path_qs)) is expected
+    request = make_mocked_request("GET", path_qs)
+    assert is_long_running(request.path, request.query) is expected
 
 
 # ----------------------------------------------------------------------- methods, bodies

@@ -1,14 +1,15 @@
 """Passthrough: every request the cache does not serve goes to the apiserver unchanged.
 
 Bodies stream both ways without buffering (a ``watch`` or ``logs -f`` passes through as it
-arrives), method, path, query and end-to-end headers are kept (``forwarding``), WebSocket
-upgrades (exec, attach, port-forward) are relayed frame by frame (``relaying``), and discovery
-documents are cached so a controller can start while the apiserver is unreachable, and
-answered from copies the apiserver confirmed lately, as are plain health checks
-(``discovering``). This module dispatches a request to them.
+arrives), method, path, query and end-to-end headers are kept (``proxy.upstream.forwarding``,
+``relaying``), WebSocket upgrades (exec, attach, port-forward) are relayed frame by frame
+(``websockets``), and discovery documents are cached so a controller can start while the
+apiserver is unreachable, and answered from copies the apiserver confirmed lately, as are
+plain health checks (``documents``). This module dispatches a request to them, and tells
+read your writes (``read_your_writes``) of each write passed through.
 
 - While the apiserver cannot be reached, the answer is a 503 with ``Retry-After: 1`` at once
-  (see ``forwarding``); a caller may give its own ``offline`` answer instead (the health
+  (``answers.unavailable``); a caller may give its own ``offline`` answer instead (the health
   endpoints and single-object GETs do).
 - Only WebSocket upgrades are relayed. SPDY/3.1 upgrades (kubectl before 1.30/1.31) are
   answered 400; current kubectl negotiates WebSocket first. Other upgrades (curl's ``h2c``)
@@ -17,6 +18,7 @@ answered from copies the apiserver confirmed lately, as are plain health checks
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -27,44 +29,18 @@ from multidict import CIMultiDict
 
 from proxy.kube.resources import RequestPath
 from proxy.kube.status import StatusError
+from proxy.serve import authorizing, limiting, read_your_writes
+from proxy.serve.answers import status_response, unavailable
+from proxy.serve.context import Context
+from proxy.serve.documents import Admit, request_key, serve_discovery
+from proxy.serve.relaying import Collector, Offline, relay
+from proxy.serve.websockets import relay_websocket
 from proxy.upstream.connecting import Credentials, Upstream
-from proxy.upstream.discovering import (
-    Admit,
-    CachedDocument,
-    DiscoveryCache,
-    DiscoveryCopies,
-    changes_discovery,
-    discovery_key,
-    request_key,
-    serve_discovery,
-)
+from proxy.upstream.delegating import Delegation
+from proxy.upstream.discovering import DiscoveryCache, DiscoveryCopies, changes_discovery
 from proxy.upstream.errors import UpstreamAuthError, UpstreamUnavailable
-from proxy.upstream.forwarding import (
-    Collector,
-    Offline,
-    PassthroughSettings,
-    count,
-    forward,
-    is_long_running,
-    status_response,
-    unavailable,
-)
-from proxy.upstream.relaying import relay_websocket
+from proxy.upstream.forwarding import PassthroughSettings, count
 from proxy.upstream.resilience import CircuitBreaker
-
-__all__ = [
-    "CachedDocument",
-    "DiscoveryCache",
-    "DiscoveryCopies",
-    "Offline",
-    "PassthroughSettings",
-    "WriteObserver",
-    "discovery_key",
-    "is_long_running",
-    "pass_through",
-    "status_response",
-    "unavailable",
-]
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +56,53 @@ _WRITE_METHODS: Final = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
 async def pass_through(
+    request: web.Request, ctx: Context, *, offline: Offline | None = None
+) -> web.StreamResponse:
+    """The request, passed through to the apiserver with the context's settings. A short
+    request holds one of ``--max-requests`` (long-running ones hold a watch slot already:
+    ``dispatching.watch_limits``)."""
+    if limiting.is_long_running(request):
+        return await _pass_through(request, ctx, offline=offline)
+    with ctx.admission.request(limiting.client_of(request)):
+        return await _pass_through(request, ctx, offline=offline)
+
+
+async def _pass_through(
+    request: web.Request, ctx: Context, *, offline: Offline | None
+) -> web.StreamResponse:
+    return await pass_through_with(
+        request,
+        upstream=ctx.upstream,
+        credentials=ctx.credentials,
+        discovery=ctx.discovery,
+        copies=ctx.discovery_copies,
+        discovery_offline=(
+            None
+            if ctx.delegation is None
+            else functools.partial(authenticated_offline, delegation=ctx.delegation)
+        ),
+        breaker=ctx.breaker,
+        offline=offline,
+        observe=functools.partial(read_your_writes.record_write, ctx.writes),
+        settings=PassthroughSettings(slow_write_timeout=ctx.settings.slow_write_timeout),
+    )
+
+
+async def authenticated_offline(request: web.BaseRequest, *, delegation: Delegation) -> None:
+    """``--client-auth delegated``, the apiserver unreachable: a stored discovery document
+    is answered to a client whose token was accepted within the offline window (discovery is
+    readable by every authenticated user: ``system:discovery``), and refused otherwise, as
+    every other decision that cannot be made then."""
+    token = authorizing.bearer_token(request)
+    if token is None or authorizing.impersonates(request):
+        raise StatusError.service_unavailable(
+            "the apiserver is unreachable: this request cannot be authenticated now",
+            retry_after_seconds=1,
+        )
+    await authorizing.authenticate(request, delegation, token)
+
+
+async def pass_through_with(
     request: web.Request,
     *,
     upstream: Upstream,
@@ -174,7 +197,7 @@ async def _dispatch(
     if observe is not None and verb in _WRITE_METHODS:
         collector = Collector(limit=settings.write_body_max)
     try:
-        response = await forward(
+        response = await relay(
             request,
             upstream=upstream,
             credentials=credentials,

@@ -21,7 +21,7 @@ from proxy.cache.shapes import ShapeKey
 from proxy.cache.store import Store, StoreSettings
 from proxy.kube.resources import GroupVersionResource
 from proxy.serve.context import Context, ServeSettings
-from proxy.serve.freshness import caught_up, record_write, written_resource_version
+from proxy.serve.read_your_writes import caught_up, record_write, written_resource_version
 from tests.unit.kube.test_protobuf import configmap, envelope, field
 
 CM = GroupVersionResource.parse("v1/configmaps")

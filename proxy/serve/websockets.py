@@ -1,5 +1,5 @@
 """WebSocket upgrades (exec, attach, port-forward, kubectl 1.30+): opened upstream first,
-then relayed frame by frame. SPDY upgrades are refused by passthrough."""
+then relayed frame by frame. SPDY upgrades are refused by passthrough (``passing``)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,10 @@ import aiohttp
 from aiohttp import web
 
 from proxy.kube.status import StatusError
+from proxy.serve.answers import status_response, unavailable
 from proxy.upstream.connecting import Credentials, Upstream
 from proxy.upstream.errors import UpstreamStatusError, UpstreamUnavailable
-from proxy.upstream.forwarding import (
-    count,
-    forwarded_request_headers,
-    status_response,
-    unavailable,
-)
+from proxy.upstream.forwarding import count, forwarded_request_headers
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +40,7 @@ async def relay_websocket(
         refused = status_response(StatusError.bad_request("invalid WebSocket handshake"))
         count(upstream, verb, refused.status)
         return refused
-    headers = forwarded_request_headers(request, websocket=True)
+    headers = forwarded_request_headers(request.headers, websocket=True)
     try:
         async with upstream.websocket(
             request.raw_path,

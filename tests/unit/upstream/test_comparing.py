@@ -15,8 +15,8 @@ from proxy.cache import schema
 from proxy.cache.inspecting import open_read_only, stored_shapes
 from proxy.cache.verifying import Difference
 from proxy.metrics import Metrics
+from proxy.upstream.comparing import VerifySettings, verify_shape
 from proxy.upstream.connecting import ConnectionSettings, Upstream, connect
-from proxy.upstream.verifying import VerifySettings, verify_shape
 from tests.unit.upstream.conftest import Served, token_kubeconfig
 
 CACHED = {"a": "5", "b": "6", "c": "7"}
