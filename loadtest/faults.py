@@ -451,10 +451,6 @@ class WatchClient:
     def come_back(self) -> None:
         self._present.set()
 
-    @property
-    def away(self) -> bool:
-        return not self._present.is_set()
-
     def expected(self, final: Iterable[Item]) -> dict[Key, int]:
         namespace = self.spec.namespace
         return {
@@ -874,7 +870,6 @@ class CacheLog:
         self.db = db
         self.relists: dict[tuple[str, int], int | None] = {}
         self.log_start: dict[str, int | None] = {}
-        self.polls = 0
 
     def poll(self) -> None:
         if not self.db.exists():
@@ -905,7 +900,6 @@ class CacheLog:
                 ).fetchone()
                 reached = int(before[0]) if before is not None else None
                 self.relists[(shapes[shape_id][0], int(rv))] = reached
-            self.polls += 1
         except sqlite3.Error:
             pass
         finally:
