@@ -10,6 +10,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -82,6 +83,81 @@ def _kubectl(plane: ControlPlane, *args: str) -> str:
     return result.stdout
 
 
+@dataclass(frozen=True, kw_only=True)
+class Ended:
+    """What a run left to check: the reference, the clients and their final states, what
+    warmwatch's database showed, the faults and the traffic."""
+
+    histories: dict[str, EtcdHistory]
+    clients: list[WatchClient]
+    go: list[GoInformer]
+    finals: dict[str, list[Item]]
+    go_finals: dict[str, list[Item]]
+    cache: CacheLog
+    injector: Injector
+    traffic: Traffic
+
+    def run_of(self, resource: Resource, *, faults: int) -> Run:
+        """The run of one resource: its reference, every client's log (a Go informer's as
+        its final state only) and warmwatch's relists of its shapes."""
+        logs = [client.log() for client in self.clients if client.spec.resource is resource]
+        for informer in self.go:
+            if informer.resource is resource:
+                logs.append(
+                    ClientLog(
+                        name=informer.name,
+                        observations=[],
+                        shape=informer.shape,
+                        final=self.go_finals[informer.name],
+                    )
+                )
+        return Run(
+            reference=self.histories[resource.name].reference(),
+            clients=logs,
+            relists=[
+                *self.cache.relists_of(resource.flag),
+                *(
+                    self.cache.relists_of(f"{resource.flag};protobuf")
+                    if resource is CONFIGMAPS
+                    else []
+                ),
+            ],
+            apiserver_final=self.finals[resource.name],
+            faults=faults,
+        )
+
+    def summary(
+        self,
+        report: Report,
+        *,
+        runs: Mapping[str, Run],
+        go_events: int,
+        go_relists: dict[str, int],
+    ) -> dict[str, Any]:
+        """``summary.json`` (without the run's ``seconds``)."""
+        injector, clients = self.injector, self.clients
+        return {
+            "faults": dict(injector.counts),
+            "fault_total": report.faults,
+            "events": report.counts.events,
+            "go_events": go_events,
+            "violations": len(report.violations),
+            "by_rule": {str(rule): n for rule, n in report.by_rule().items()},
+            "reference_changes": report.counts.reference_changes,
+            "relists": {name: len(run.relists) for name, run in runs.items()},
+            "client_expired": {client.name: client.expired for client in clients},
+            "client_lists": {client.name: client.lists for client in clients},
+            "client_errors": {client.name: dict(client.errors) for client in clients},
+            "slow_stalls": sum(client.stalls for client in clients),
+            "slow_cutoffs": sum(client.cutoffs for client in clients),
+            "go_relists": go_relists,
+            "traffic": dict(self.traffic.ops),
+            "notes": injector.notes,
+            "fault_failures": injector.failures,
+            "blackholes": injector.blackholes,
+        }
+
+
 class Driver:
     def __init__(self, options: Options) -> None:
         self.options = options
@@ -126,147 +202,54 @@ class Driver:
                 await asyncio.to_thread(self.plane.down)
 
     async def _run(self) -> tuple[Report, dict[str, Any]]:
-        options = self.options
-        rng = self.rng
-        plane = self.plane
         started = time.monotonic()
         async with (
             kubeapi.RawClient(
-                base_url=plane.server,
-                ssl_context=kubeapi.client_ssl(plane.pki, identity="admin"),
+                base_url=self.plane.server,
+                ssl_context=kubeapi.client_ssl(self.plane.pki, identity="admin"),
                 concurrency=Traffic.CONCURRENCY + 8,
             ) as api,
             aiohttp.ClientSession() as etcd,
         ):
-            for namespace in options.namespace_names:
-                await kubeapi.ensure_namespace(api, namespace)
-            deadline = time.monotonic() + 60
-            while True:  # the CRD is served (a configured shape whose list fails is not kept)
-                try:
-                    await api.get(WIDGETS.collection(None))
-                    break
-                except kubeapi.ApiError:
-                    if time.monotonic() > deadline:
-                        raise
-                    await asyncio.sleep(0.5)
-
-            # -- the reference, before any traffic
-            histories = {
-                r.name: EtcdHistory(endpoint=plane.etcd_endpoint, prefix=r.prefix)
-                for r in RESOURCES
-            }
-            recording = asyncio.Event()
-            recorders = []
-            for history in histories.values():
-                await history.snapshot(etcd)
-                recorders.append(asyncio.create_task(history.record(etcd, stop=recording)))
-
-            # -- toxiproxy between warmwatch and the apiserver
+            await self._prepare(api)
+            histories, recording, recorders = await self._start_reference(etcd)
             link_server = await asyncio.to_thread(
                 toxiproxy.Toxiproxy.start, log=self.directory / "toxiproxy.log"
             )
             try:
-                link = await asyncio.to_thread(
-                    link_server.create_proxy,
-                    "apiserver",
-                    upstream=f"127.0.0.1:{plane.state().apiserver_port}",
-                )
-                upstream = await asyncio.to_thread(
-                    toxiproxy.kubeconfig_through,
-                    link,
-                    pki=plane.pki,
-                    identity="admin",
-                    path=self.directory / "upstream.kubeconfig",
-                )
-                say(f"warmwatch's upstream through toxiproxy 127.0.0.1:{link.port}")
-
-                # -- warmwatch
-                db = self.directory / "warmwatch.db"
-                shapes = [r.flag for r in RESOURCES] + [f"{CONFIGMAPS.flag};protobuf"]
-                sidecar = await asyncio.to_thread(
-                    Sidecar.start,
-                    upstream_kubeconfig=upstream,
-                    db=db,
-                    resources=shapes,
-                    extra=[
-                        f"--retention-events={options.retention_events}",
-                        "--bookmark-interval=2",
-                        f"--watch-write-timeout={WRITE_TIMEOUT:g}",
-                        f"--upstream-idle-timeout={options.idle_timeout:g}",
-                    ],
-                )
+                link, sidecar, shapes = await self._start_warmwatch(link_server)
             except BaseException:
                 await asyncio.to_thread(link_server.stop)
                 raise
-            cache = CacheLog(db)
+            cache = CacheLog(self.directory / "warmwatch.db")
             tasks: list[asyncio.Task[Any]] = [asyncio.create_task(cache.follow())]
             go: list[GoInformer] = []
             clients: list[WatchClient] = []
             traffic_stop = asyncio.Event()
             try:
-                # -- clients
-                clients = [
-                    WatchClient(spec=spec, base_url=sidecar.url, rng=random.Random(rng.random()))
-                    for spec in client_specs(options.namespace_names)
-                ]
-                client_tasks = [asyncio.create_task(client.run()) for client in clients]
-                tasks += client_tasks
-                if options.go_clients:
-                    binary = await asyncio.to_thread(goclient.build)
-                    for resource in RESOURCES:
-                        encodings = (False, True) if resource is CONFIGMAPS else (False,)
-                        for protobuf, watch_list in itertools.product(encodings, (False, True)):
-                            informer = GoInformer(
-                                binary=binary,
-                                kubeconfig=sidecar.kubeconfig,
-                                resource=resource,
-                                watch_list=watch_list,
-                                protobuf=protobuf,
-                                log=self.directory
-                                / f"go-{resource.name}-{protobuf}-{watch_list}.log",
-                            )
-                            informer.start()
-                            go.append(informer)
-                async with asyncio.timeout(120):
-                    await asyncio.gather(*(client.synced.wait() for client in clients))
-                    while not all(informer.synced() for informer in go):  # noqa: ASYNC110
-                        await asyncio.sleep(0.2)
-                say(f"{len(clients)} raw clients and {len(go)} Go informers synced")
-
-                # -- traffic and faults
-                traffic = Traffic(api=api, options=options, rng=random.Random(rng.random()))
-                await traffic.seed()
-                traffic_task = asyncio.create_task(traffic.run(traffic_stop))
+                clients, client_tasks = await self._start_clients(sidecar, tasks=tasks, go=go)
+                traffic = Traffic(
+                    api=api, options=self.options, rng=random.Random(self.rng.random())
+                )
+                traffic_task = await self._start_traffic(traffic, stop=traffic_stop)
                 tasks.append(traffic_task)
                 injector = Injector(
-                    options=options,
-                    plane=plane,
+                    options=self.options,
+                    plane=self.plane,
                     sidecar=sidecar,
                     histories=list(histories.values()),
                     cache=cache,
                     clients=clients,
-                    rng=random.Random(rng.random()),
+                    rng=random.Random(self.rng.random()),
                     link=link,
                     shapes=shapes,
                 )
                 watchdog = asyncio.create_task(self._watchdog(injector, recorders))
                 tasks.append(watchdog)
-                say(f"traffic at {options.rate:g}/s and faults for {options.minutes:g} min")
-                fault_run = asyncio.create_task(injector.run(options.minutes * 60))
-                await asyncio.wait({fault_run, watchdog}, return_when=asyncio.FIRST_COMPLETED)
-                if watchdog.done():
-                    fault_run.cancel()
-                    await asyncio.gather(fault_run, return_exceptions=True)
-                    watchdog.result()
-                await fault_run
+                await self._faults(injector, watchdog=watchdog)
                 traffic_stop.set()
                 await traffic_task
                 say(f"traffic stopped: {dict(traffic.ops)}; faults {dict(injector.counts)}")
-
-                # -- quiet: wait for every client to equal the apiserver
-                for client in clients:
-                    client.final_phase = True
-                    client.come_back()
                 finals, go_finals = await self._settle(api, histories, clients, go)
                 watchdog.cancel()
                 for task in client_tasks:
@@ -286,36 +269,137 @@ class Driver:
             for recorder in recorders:
                 recorder.result()  # a gap in the reference fails the run
             await asyncio.to_thread(cache.poll)
+        ended = Ended(
+            histories=histories,
+            clients=clients,
+            go=go,
+            finals=finals,
+            go_finals=go_finals,
+            cache=cache,
+            injector=injector,
+            traffic=traffic,
+        )
+        return await self._check(ended, started=started)
 
-        # -- check
-        runs: dict[str, Run] = {}
-        faults = sum(injector.counts.values())
-        for resource in RESOURCES:
-            logs = [client.log() for client in clients if client.spec.resource is resource]
-            for informer in go:
-                if informer.resource is resource:
-                    logs.append(
-                        ClientLog(
-                            name=informer.name,
-                            observations=[],
-                            shape=informer.shape,
-                            final=go_finals[informer.name],
-                        )
+    async def _prepare(self, api: kubeapi.RawClient) -> None:
+        """The namespaces exist and the CRD is served (a configured shape whose list fails is
+        not kept)."""
+        for namespace in self.options.namespace_names:
+            await kubeapi.ensure_namespace(api, namespace)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                await api.get(WIDGETS.collection(None))
+                return
+            except kubeapi.ApiError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
+
+    async def _start_reference(
+        self, etcd: aiohttp.ClientSession
+    ) -> tuple[dict[str, EtcdHistory], asyncio.Event, list[asyncio.Task[None]]]:
+        """The reference, before any traffic: etcd's history of each resource, recorded until
+        the returned event is set."""
+        histories = {
+            r.name: EtcdHistory(endpoint=self.plane.etcd_endpoint, prefix=r.prefix)
+            for r in RESOURCES
+        }
+        recording = asyncio.Event()
+        recorders = []
+        for history in histories.values():
+            await history.snapshot(etcd)
+            recorders.append(asyncio.create_task(history.record(etcd, stop=recording)))
+        return histories, recording, recorders
+
+    async def _start_warmwatch(
+        self, link_server: toxiproxy.Toxiproxy
+    ) -> tuple[toxiproxy.Proxy, Sidecar, list[str]]:
+        """warmwatch, its upstream through a toxiproxy link to the apiserver: the link, the
+        sidecar and the shapes it caches."""
+        link = await asyncio.to_thread(
+            link_server.create_proxy,
+            "apiserver",
+            upstream=f"127.0.0.1:{self.plane.state().apiserver_port}",
+        )
+        upstream = await asyncio.to_thread(
+            toxiproxy.kubeconfig_through,
+            link,
+            pki=self.plane.pki,
+            identity="admin",
+            path=self.directory / "upstream.kubeconfig",
+        )
+        say(f"warmwatch's upstream through toxiproxy 127.0.0.1:{link.port}")
+        shapes = [r.flag for r in RESOURCES] + [f"{CONFIGMAPS.flag};protobuf"]
+        sidecar = await asyncio.to_thread(
+            Sidecar.start,
+            upstream_kubeconfig=upstream,
+            db=self.directory / "warmwatch.db",
+            resources=shapes,
+            extra=[
+                f"--retention-events={self.options.retention_events}",
+                "--bookmark-interval=2",
+                f"--watch-write-timeout={WRITE_TIMEOUT:g}",
+                f"--upstream-idle-timeout={self.options.idle_timeout:g}",
+            ],
+        )
+        return link, sidecar, shapes
+
+    async def _start_clients(
+        self, sidecar: Sidecar, *, tasks: list[asyncio.Task[Any]], go: list[GoInformer]
+    ) -> tuple[list[WatchClient], list[asyncio.Task[None]]]:
+        """The raw clients (their tasks added to ``tasks``) and the Go informers (added to
+        ``go`` as each starts), once all of them synced."""
+        clients = [
+            WatchClient(spec=spec, base_url=sidecar.url, rng=random.Random(self.rng.random()))
+            for spec in client_specs(self.options.namespace_names)
+        ]
+        client_tasks = [asyncio.create_task(client.run()) for client in clients]
+        tasks += client_tasks
+        if self.options.go_clients:
+            binary = await asyncio.to_thread(goclient.build)
+            for resource in RESOURCES:
+                encodings = (False, True) if resource is CONFIGMAPS else (False,)
+                for protobuf, watch_list in itertools.product(encodings, (False, True)):
+                    informer = GoInformer(
+                        binary=binary,
+                        kubeconfig=sidecar.kubeconfig,
+                        resource=resource,
+                        watch_list=watch_list,
+                        protobuf=protobuf,
+                        log=self.directory / f"go-{resource.name}-{protobuf}-{watch_list}.log",
                     )
-            runs[resource.name] = Run(
-                reference=histories[resource.name].reference(),
-                clients=logs,
-                relists=[
-                    *cache.relists_of(resource.flag),
-                    *(
-                        cache.relists_of(f"{resource.flag};protobuf")
-                        if resource is CONFIGMAPS
-                        else []
-                    ),
-                ],
-                apiserver_final=finals[resource.name],
-                faults=faults,
-            )
+                    informer.start()
+                    go.append(informer)
+        async with asyncio.timeout(120):
+            await asyncio.gather(*(client.synced.wait() for client in clients))
+            while not all(informer.synced() for informer in go):  # noqa: ASYNC110
+                await asyncio.sleep(0.2)
+        say(f"{len(clients)} raw clients and {len(go)} Go informers synced")
+        return clients, client_tasks
+
+    async def _start_traffic(self, traffic: Traffic, *, stop: asyncio.Event) -> asyncio.Task[None]:
+        """The traffic, its objects seeded first; it runs until ``stop`` is set."""
+        await traffic.seed()
+        return asyncio.create_task(traffic.run(stop))
+
+    async def _faults(self, injector: Injector, *, watchdog: asyncio.Task[None]) -> None:
+        """Faults for ``--minutes``, or until the watchdog fails the run."""
+        options = self.options
+        say(f"traffic at {options.rate:g}/s and faults for {options.minutes:g} min")
+        fault_run = asyncio.create_task(injector.run(options.minutes * 60))
+        await asyncio.wait({fault_run, watchdog}, return_when=asyncio.FIRST_COMPLETED)
+        if watchdog.done():
+            fault_run.cancel()
+            await asyncio.gather(fault_run, return_exceptions=True)
+            watchdog.result()
+        await fault_run
+
+    async def _check(self, ended: Ended, *, started: float) -> tuple[Report, dict[str, Any]]:
+        """Every run checked (a run per resource, written to ``run-<resource>.jsonl``), and
+        the Go informers as far as their output allows; the report and the summary."""
+        faults = sum(ended.injector.counts.values())
+        runs = {resource.name: ended.run_of(resource, faults=faults) for resource in RESOURCES}
         for name, run in runs.items():
             path = self.directory / f"run-{name}.jsonl"
             with path.open("w") as out:
@@ -326,34 +410,15 @@ class Driver:
         go_violations: list[Violation] = []
         go_events = 0
         go_relists: dict[str, int] = {}
-        for informer in go:
-            relist_rvs = frozenset(r.rv for r in cache.relists_of(informer.shape))
+        for informer in ended.go:
+            relist_rvs = frozenset(r.rv for r in ended.cache.relists_of(informer.shape))
             found, events, relists = informer.check(relist_rvs)
             go_violations += found
             go_events += events
             go_relists[informer.name] = relists
         report = combine(reports, go_violations, go_events, faults)
-        summary = {
-            "faults": dict(injector.counts),
-            "fault_total": faults,
-            "events": report.counts.events,
-            "go_events": go_events,
-            "violations": len(report.violations),
-            "by_rule": {str(rule): n for rule, n in report.by_rule().items()},
-            "reference_changes": report.counts.reference_changes,
-            "relists": {name: len(run.relists) for name, run in runs.items()},
-            "client_expired": {client.name: client.expired for client in clients},
-            "client_lists": {client.name: client.lists for client in clients},
-            "client_errors": {client.name: dict(client.errors) for client in clients},
-            "slow_stalls": sum(client.stalls for client in clients),
-            "slow_cutoffs": sum(client.cutoffs for client in clients),
-            "go_relists": go_relists,
-            "traffic": dict(traffic.ops),
-            "notes": injector.notes,
-            "fault_failures": injector.failures,
-            "blackholes": injector.blackholes,
-            "seconds": round(time.monotonic() - started, 1),
-        }
+        summary = ended.summary(report, runs=runs, go_events=go_events, go_relists=go_relists)
+        summary["seconds"] = round(time.monotonic() - started, 1)
         return report, summary
 
     async def _watchdog(self, injector: Injector, recorders: Sequence[asyncio.Task[None]]) -> None:
@@ -379,7 +444,10 @@ class Driver:
     ) -> tuple[dict[str, list[Item]], dict[str, list[Item]]]:
         """The apiserver's final state and the Go informers' stores, once the reference and
         every client reached it (or the bounded wait ran out: the checker then reports who did
-        not converge)."""
+        not converge). Quiet: the clients come back and stop going away first."""
+        for client in clients:
+            client.final_phase = True
+            client.come_back()
         deadline = time.monotonic() + self.options.settle
         started = time.monotonic()
         digests: dict[str, list[Item]] = {}
