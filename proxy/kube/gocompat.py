@@ -8,7 +8,6 @@ behaviour that show up in list/watch error messages. Nothing here does I/O.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from typing import Any, Final
 
 import orjson
@@ -95,9 +94,14 @@ _JSON_ESCAPES = {
 }
 
 
-def _go_json_string(text: str) -> str:
+def go_json(value: str) -> str:
+    """Go's ``json.Marshal`` of a string (HTML-escaping included).
+
+    field.Error renders bad values that are not a plain Go ``string`` this way, for example a
+    ``metav1.ResourceVersionMatch``.
+    """
     out = ['"']
-    for ch in text:
+    for ch in value:
         escaped = _JSON_ESCAPES.get(ch)
         if escaped is not None:
             out.append(escaped)
@@ -107,17 +111,6 @@ def _go_json_string(text: str) -> str:
             out.append(ch)
     out.append('"')
     return "".join(out)
-
-
-def go_json(value: str | Sequence[str]) -> str:
-    """Go's ``json.Marshal`` of a string or a string slice (HTML-escaping included).
-
-    field.Error renders bad values that are not a plain Go ``string`` this way, for example a
-    ``metav1.ResourceVersionMatch`` or a ``[]string``.
-    """
-    if isinstance(value, str):
-        return _go_json_string(value)
-    return "[" + ",".join(_go_json_string(item) for item in value) + "]"
 
 
 _HTML_UNSAFE = (

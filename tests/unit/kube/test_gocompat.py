@@ -46,11 +46,9 @@ def test_go_quote(text: str, quoted: str) -> None:
         ("&>", '"\\u0026\\u003e"'),
         ("\x00\n", '"\\u0000\\n"'),
         ("é", '"é"'),
-        (["x", "<&>"], '["x","\\u003c\\u0026\\u003e"]'),
-        ([], "[]"),
     ],
 )
-def test_go_json(value: str | list[str], encoded: str) -> None:
+def test_go_json(value: str, encoded: str) -> None:
     assert go_json(value) == encoded
 
 
