@@ -289,12 +289,6 @@ class ControllerManager:
         at = self.progress.all_synced_at
         return None if at is None else at - self.started_at
 
-    def gc_synced_after(self) -> float | None:
-        """Seconds from process start until the garbage collector's monitors synced."""
-        self._poll()
-        at = self.progress.gc_synced_at
-        return None if at is None else at - self.started_at
-
     # -- waiting -----------------------------------------------------------------------------
 
     def wait_synced(self, timeout: float = 120) -> float:

@@ -521,28 +521,31 @@ def log_findings(log: Path, since: int) -> tuple[int, int, list[str]]:
     return warnings, errors, samples
 
 
-def report(
-    args: argparse.Namespace,
-    *,
-    writes: Writes,
-    direct: list[Received],
-    via: list[Received],
-    idle: Sample,
-    before: Sample,
-    at_end: Sample,
-    drained: Sample,
-    hwm: int,
-    harness_cpu: float,
-    clients_run_wait: float,
-    load_before: float,
-    load_after: float,
-    log: tuple[int, int, list[str]],
-) -> list[str]:
-    notes: list[str] = []
-    window = writes.ended - writes.started
-    start = writes.started
+@dataclass(frozen=True, kw_only=True)
+class Lags:
+    """The events the watchers via warmwatch received, matched with the direct watchers' and
+    the writes: arrays of doubles, not lists of floats (100 watchers x 60 s x ~1,000 writes/s
+    is millions)."""
 
-    # Reference: the earliest direct receive time of each RV, and how far the direct ones differ.
+    added_plain: array[float]
+    added_selector: array[float]
+    absolute: array[float]
+    windows: dict[int, array[float]]
+    """The added lags by the window of the run (``WINDOW`` seconds) they fell in."""
+    unmatched: int
+    missing: int
+    duplicates: int
+    expected_total: int
+    received_total: int
+
+    @property
+    def added(self) -> array[float]:
+        return self.added_plain + self.added_selector
+
+
+def earliest_direct(direct: Sequence[Received]) -> tuple[dict[int, float], array[float]]:
+    """The reference: the earliest direct receive time of each RV, and how far the direct
+    watchers differ (the spread, per RV)."""
     reference: dict[int, float] = {}
     latest: dict[int, float] = {}
     for record in direct:
@@ -551,20 +554,17 @@ def report(
                 reference[rv] = t
             if t > latest.get(rv, -math.inf):
                 latest[rv] = t
-    spread = array("d", (latest[rv] - reference[rv] for rv in reference))
-    direct_abs = array(
-        "d", (reference[rv] - w.done for rv, w in writes.by_rv.items() if rv in reference)
-    )
-    direct_missing = [len(set(writes.by_rv) - set(r.rvs)) for r in direct]
+    return reference, array("d", (latest[rv] - reference[rv] for rv in reference))
 
+
+def via_lags(via: Sequence[Received], *, reference: dict[int, float], writes: Writes) -> Lags:
+    """Each event via warmwatch against the reference (added lag) and its write (absolute)."""
     expected = expected_rvs(writes)
-    # Arrays of doubles, not lists of floats: 100 watchers x 60 s x ~1,000 writes/s is millions.
     added_plain: array[float] = array("d")
     added_selector: array[float] = array("d")
     absolute: array[float] = array("d")
     windows: dict[int, array[float]] = {}
     unmatched = missing = duplicates = expected_total = received_total = 0
-    unparsed = sum(r.lines - r.bookmarks - len(r.errors) - len(r.rvs) for r in [*via, *direct])
     for record in via:
         got = set(record.rvs)
         duplicates += len(record.rvs) - len(got)
@@ -580,37 +580,75 @@ def report(
             else:
                 lag = t - ref
                 target.append(lag)
-                windows.setdefault(int((ref - start) // WINDOW), array("d")).append(lag)
+                windows.setdefault(int((ref - writes.started) // WINDOW), array("d")).append(lag)
             write = writes.by_rv.get(rv)
             if write is not None:
                 absolute.append(t - write.done)
-    added = added_plain + added_selector
-
-    creates = sum(1 for w in writes.by_rv.values() if w.create)
-    dt_end = at_end.at - before.at
-    dt_drained = drained.at - before.at
-    ingested = drained.events_in - before.events_in
-    cpu = drained.cpu - before.cpu
-    lag_delta = {
-        b: drained.lag_buckets.get(b, 0.0) - before.lag_buckets.get(b, 0.0)
-        for b in drained.lag_buckets
-    }
-    commits = {
-        b: drained.commit_buckets.get(b, 0.0) - before.commit_buckets.get(b, 0.0)
-        for b in drained.commit_buckets
-    }
-    within_10ms = lag_delta.get(0.01, math.nan) / lag_delta.get(math.inf, math.nan)
-    ends = sum(r.ends for r in via)
-    errors = [e for r in via for e in r.errors]
-    load = [load_before, *writes.load, load_after]
-    trend = ", ".join(
-        f"{int(i * WINDOW)}-{int((i + 1) * WINDOW)} s: {ms(quantile(sorted(v), 0.99))}"
-        for i, v in sorted(windows.items())
+    return Lags(
+        added_plain=added_plain,
+        added_selector=added_selector,
+        absolute=absolute,
+        windows=windows,
+        unmatched=unmatched,
+        missing=missing,
+        duplicates=duplicates,
+        expected_total=expected_total,
+        received_total=received_total,
     )
+
+
+def _delta(after: dict[float, float], before: dict[float, float]) -> dict[float, float]:
+    """A histogram's buckets over an interval."""
+    return {b: after.get(b, 0.0) - before.get(b, 0.0) for b in after}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Figures:
+    """What :func:`report` measured, for its rows."""
+
+    args: argparse.Namespace
+    writes: Writes
+    direct: list[Received]
+    via: list[Received]
+    idle: Sample
+    before: Sample
+    at_end: Sample
+    drained: Sample
+    hwm: int
+    harness_cpu: float
+    clients_run_wait: float
+    load_before: float
+    load_after: float
+    log: tuple[int, int, list[str]]
+    reference: dict[int, float]
+    spread: array[float]
+    lags: Lags
+
+    @property
+    def window(self) -> float:
+        return self.writes.ended - self.writes.started
+
+    @property
+    def load(self) -> list[float]:
+        return [self.load_before, *self.writes.load, self.load_after]
+
+    @property
+    def errors(self) -> list[str]:
+        return [e for r in self.via for e in r.errors]
+
+
+def _run_rows(fig: Figures) -> list[tuple[str, str]]:
+    """The run: its parameters, the machine's load, the writes, warmwatch's event rates."""
+    args, writes, via, direct = fig.args, fig.writes, fig.via, fig.direct
+    load_before, load, load_after = fig.load_before, fig.load, fig.load_after
+    before, at_end = fig.before, fig.at_end
+    window = fig.window
+    creates = sum(1 for w in writes.by_rv.values() if w.create)
     writes_s = len(writes.by_rv) / window
     plain = sum(1 for r in via if not r.selector)
-
-    rows: list[tuple[str, str]] = [
+    dt_end = at_end.at - before.at
+    expected_total = fig.lags.expected_total
+    return [
         (
             "parameters",
             f"{len(via)} watchers via warmwatch ({plain} unfiltered, {len(via) - plain} with "
@@ -644,6 +682,27 @@ def report(
             f"{(at_end.events_out - before.events_out) / dt_end:,.0f} "
             f"(expected for these watchers: {expected_total / window:,.0f}/s)",
         ),
+    ]
+
+
+def _lag_rows(fig: Figures) -> list[tuple[str, str]]:
+    """The lags: added by warmwatch (against the earliest direct watcher) and absolute."""
+    lags, writes, reference = fig.lags, fig.writes, fig.reference
+    added, added_plain, added_selector, absolute = (
+        lags.added,
+        lags.added_plain,
+        lags.added_selector,
+        lags.absolute,
+    )
+    trend = ", ".join(
+        f"{int(i * WINDOW)}-{int((i + 1) * WINDOW)} s: {ms(quantile(sorted(v), 0.99))}"
+        for i, v in sorted(lags.windows.items())
+    )
+    direct_abs = array(
+        "d", (reference[rv] - w.done for rv, w in writes.by_rv.items() if rv in reference)
+    )
+    spread = fig.spread
+    return [
         (
             "**added lag via warmwatch, ms: p50 / p99 / max** (all watchers, all events)",
             f"**{pcts(added)}** ({len(added):,} events)",
@@ -657,6 +716,22 @@ def report(
             pcts(direct_abs),
         ),
         ("spread between the direct watchers, ms: p50 / p99 / max", pcts(spread)),
+    ]
+
+
+def _delivery_rows(fig: Figures) -> list[tuple[str, str]]:
+    """warmwatch's delivery: its histograms, and every event accounted for."""
+    lags, before, drained, via, direct = fig.lags, fig.before, fig.drained, fig.via, fig.direct
+    lag_delta = _delta(drained.lag_buckets, before.lag_buckets)
+    commits = _delta(drained.commit_buckets, before.commit_buckets)
+    within_10ms = lag_delta.get(0.01, math.nan) / lag_delta.get(math.inf, math.nan)
+    received_total, expected_total = lags.received_total, lags.expected_total
+    missing, unmatched, duplicates = lags.missing, lags.unmatched, lags.duplicates
+    unparsed = sum(r.lines - r.bookmarks - len(r.errors) - len(r.rvs) for r in [*via, *direct])
+    direct_missing = [len(set(fig.writes.by_rv) - set(r.rvs)) for r in direct]
+    ends = sum(r.ends for r in via)
+    errors = fig.errors
+    return [
         (
             "warmwatch delivery-lag histogram (commit to write), p50 / p99 bucket; share ≤ 10 ms",
             f"≤ {ms(histogram_quantile(lag_delta, 0.5))} / "
@@ -686,6 +761,28 @@ def report(
             f"{before.watchers:.0f} / {drained.watchers:.0f}; "
             f"{drained.passthrough - before.passthrough:.0f}",
         ),
+    ]
+
+
+def _resource_rows(fig: Figures) -> list[tuple[str, str]]:
+    """What the run cost: CPU, waiting for a CPU, memory; warmwatch's log."""
+    before, at_end, drained, idle, writes = (
+        fig.before,
+        fig.at_end,
+        fig.drained,
+        fig.idle,
+        fig.writes,
+    )
+    dt_drained = drained.at - before.at
+    ingested = drained.events_in - before.events_in
+    cpu = drained.cpu - before.cpu
+    hwm, harness_cpu, clients_run_wait, log = (
+        fig.hwm,
+        fig.harness_cpu,
+        fig.clients_run_wait,
+        fig.log,
+    )
+    return [
         (
             "warmwatch CPU s per 1,000 ingested events (writes start to drained)",
             f"{cpu / ingested * 1000:.3f} ({cpu:.1f} s CPU for {ingested:,.0f} events; "
@@ -717,8 +814,49 @@ def report(
         ),
         ("warmwatch log: warnings / errors", f"{log[0]} / {log[1]}"),
     ]
+
+
+def report(
+    args: argparse.Namespace,
+    *,
+    writes: Writes,
+    direct: list[Received],
+    via: list[Received],
+    idle: Sample,
+    before: Sample,
+    at_end: Sample,
+    drained: Sample,
+    hwm: int,
+    harness_cpu: float,
+    clients_run_wait: float,
+    load_before: float,
+    load_after: float,
+    log: tuple[int, int, list[str]],
+) -> list[str]:
+    reference, spread = earliest_direct(direct)
+    fig = Figures(
+        args=args,
+        writes=writes,
+        direct=direct,
+        via=via,
+        idle=idle,
+        before=before,
+        at_end=at_end,
+        drained=drained,
+        hwm=hwm,
+        harness_cpu=harness_cpu,
+        clients_run_wait=clients_run_wait,
+        load_before=load_before,
+        load_after=load_after,
+        log=log,
+        reference=reference,
+        spread=spread,
+        lags=via_lags(via, reference=reference, writes=writes),
+    )
+    rows = [*_run_rows(fig), *_lag_rows(fig), *_delivery_rows(fig), *_resource_rows(fig)]
+    notes: list[str] = []
     notes.extend(f"warmwatch log: {line}" for line in log[2])
-    notes.extend(f"watch error: {e}" for e in errors[:5])
+    notes.extend(f"watch error: {e}" for e in fig.errors[:5])
     notes.extend(f"write error: {e}" for e in writes.error_samples)
     lines = ["| figure | value |", "|---|---|"]
     lines += [f"| {name} | {value} |" for name, value in rows]
@@ -825,20 +963,32 @@ def run(args: argparse.Namespace) -> list[str]:
             log=findings,
         )
     finally:
-        for group in groups:
-            processes.kill(group.process)
-        if sidecar is not None:
-            sidecar.stop()
-        if args.pod_cpus:  # the plane may be used again
-            everywhere = args.pod_cpus | _other_cpus(args.pod_cpus)
-            for pid in (os.getpid(), *plane.state().pids.values()):
-                with contextlib.suppress(OSError):
-                    processes.pin(pid, everywhere)
-        if args.keep:
-            plane.start_controller_manager()
-        else:
-            plane.down()
-            shutil.rmtree(directory / "cp", ignore_errors=True)
+        _clean_up(args, plane=plane, sidecar=sidecar, groups=groups)
+
+
+def _clean_up(
+    args: argparse.Namespace,
+    *,
+    plane: ControlPlane,
+    sidecar: Sidecar | None,
+    groups: Sequence[Group],
+) -> None:
+    """The watch clients and warmwatch stopped, every CPU given back to the plane, and the
+    plane stopped (or, with ``--keep``, its kube-controller-manager started again)."""
+    for group in groups:
+        processes.kill(group.process)
+    if sidecar is not None:
+        sidecar.stop()
+    if args.pod_cpus:  # the plane may be used again
+        everywhere = args.pod_cpus | _other_cpus(args.pod_cpus)
+        for pid in (os.getpid(), *plane.state().pids.values()):
+            with contextlib.suppress(OSError):
+                processes.pin(pid, everywhere)
+    if args.keep:
+        plane.start_controller_manager()
+    else:
+        plane.down()
+        shutil.rmtree(plane.directory, ignore_errors=True)
 
 
 def _other_cpus(pod: set[int]) -> set[int]:

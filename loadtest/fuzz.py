@@ -570,6 +570,23 @@ def rss_of(pid: int) -> int:
     return 0
 
 
+async def _follow_rv(sidecar: Sidecar, *, current_rv: dict[str, str], report: Report) -> None:
+    """The collection's current resourceVersion (in ``current_rv["rv"]``), for resumes and
+    not-older-than reads; and warmwatch's peak RSS."""
+    while True:
+        probe = Case(
+            "probe",
+            f"GET /api/v1/namespaces/{NAMESPACE}/configmaps?limit=1 HTTP/1.1\r\n"
+            "Host: 127.0.0.1\r\nConnection: close\r\n\r\n".encode(),
+        )
+        answer = await exchange("127.0.0.1", sidecar.port, probe)
+        found = re.search(rb'"resourceVersion":"(\d+)"', b"".join(answer.heads))
+        if found:
+            current_rv["rv"] = found.group(1).decode()
+        report.rss_max = max(report.rss_max, rss_of(sidecar.process.pid))
+        await asyncio.sleep(0.5)
+
+
 async def run(
     *,
     sidecar: Sidecar,
@@ -586,21 +603,6 @@ async def run(
     pid = sidecar.process.pid
     report.rss_start = report.rss_max = rss_of(pid)
     current_rv = {"rv": "1"}
-
-    async def follow_rv() -> None:
-        """The collection's current resourceVersion, for resumes and not-older-than reads."""
-        while True:
-            probe = Case(
-                "probe",
-                f"GET /api/v1/namespaces/{NAMESPACE}/configmaps?limit=1 HTTP/1.1\r\n"
-                "Host: 127.0.0.1\r\nConnection: close\r\n\r\n".encode(),
-            )
-            answer = await exchange("127.0.0.1", sidecar.port, probe)
-            found = re.search(rb'"resourceVersion":"(\d+)"', b"".join(answer.heads))
-            if found:
-                current_rv["rv"] = found.group(1).decode()
-            report.rss_max = max(report.rss_max, rss_of(pid))
-            await asyncio.sleep(0.5)
 
     async def compare_client_error(case: Case, got: Exchange) -> None:
         report.client_errors_replayed += 1
@@ -643,7 +645,9 @@ async def run(
                         report.server_errors.append(Finding(case.kind, what, case.data))
 
     began = time.monotonic()
-    follower = asyncio.create_task(follow_rv(), name="fuzz rv follower")
+    follower = asyncio.create_task(
+        _follow_rv(sidecar, current_rv=current_rv, report=report), name="fuzz rv follower"
+    )
     try:
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     finally:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -206,10 +205,3 @@ async def current_revision(endpoint: str) -> int:
         ) as answer,
     ):
         return int((await answer.json(content_type=None))["header"]["revision"])
-
-
-def merged(histories: Sequence[EtcdHistory]) -> Reference:
-    """One reference from several prefixes (ordered by revision: etcd's order)."""
-    changes = sorted((c for h in histories for c in h.changes), key=lambda c: c.rv)
-    initial = [i for h in histories for i in h.initial]
-    return Reference(changes=changes, initial_rv=min(h.start for h in histories), initial=initial)

@@ -90,21 +90,30 @@ def _discovery_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _host_port(address: tuple[str, int]) -> str:
+    """``address`` as ``--listen`` takes it (``_address`` reads it back)."""
+    host, port = address
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="warmwatch", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    defaults = Settings()
     p.add_argument(
         "--kubeconfig",
         default=_env("kubeconfig"),
         help="upstream kubeconfig (default: in-cluster, then $KUBECONFIG, then ~/.kube/config)",
     )
     p.add_argument("--context", default=_env("context"))
-    p.add_argument("--listen", type=_address, default=_env("listen", "127.0.0.1:8001"))
+    p.add_argument("--listen", type=_address, default=_env("listen", _host_port(defaults.listen)))
     p.add_argument(
-        "--metrics-listen", type=_address, default=_env("metrics-listen", "127.0.0.1:9090")
+        "--metrics-listen",
+        type=_address,
+        default=_env("metrics-listen", _host_port(defaults.metrics_listen)),
     )
-    p.add_argument("--db", type=Path, default=_env("db", "warmwatch.db"))
+    p.add_argument("--db", type=Path, default=_env("db", str(defaults.db)))
     env_resources = [r for r in (_env("resource") or "").split(",") if r.strip()]
     p.add_argument(
         "--resource",
@@ -118,28 +127,31 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--learn",
         action=argparse.BooleanOptionalAction,
-        default=(_env("learn", "true") or "true").lower() not in ("0", "false", "no"),
+        default=(_env("learn") or str(defaults.sync.learn)).lower() not in ("0", "false", "no"),
         help="cache collections that clients ask for (default: on)",
     )
     p.add_argument(
         "--client-auth",
-        default=_env("client-auth", "none"),
+        default=_env("client-auth", defaults.client_auth.mode),
         help="delegated (each client's token is reviewed by the apiserver and its cached "
         "reads authorized per client; passthrough carries the client's own credentials), "
         "token-file:PATH (clients must present that bearer token, which must be warmwatch's "
         "own identity) or none (loopback only; every caller acts as warmwatch)",
     )
-    p.add_argument(
+    delegation = defaults.delegation
+    _number(
+        p,
         "--auth-cache-ttl",
-        type=float,
-        default=float(_env("auth-cache-ttl", "10") or 10),
+        kind=float,
+        default=delegation.token_ttl,
         help="delegated: seconds a TokenReview or SubjectAccessReview decision is reused, and "
         "how often open cached watches are authorized again (the apiserver's 10 s)",
     )
-    p.add_argument(
+    _number(
+        p,
         "--auth-offline-window",
-        type=float,
-        default=float(_env("auth-offline-window", "300") or 300),
+        kind=float,
+        default=delegation.offline_window,
         help="delegated: while the apiserver is unreachable, decisions made within this many "
         "seconds still hold; anything else is refused with 503",
     )
@@ -150,7 +162,6 @@ def parser() -> argparse.ArgumentParser:
         "(default: exec, attach, as kubectl proxy, and port-forward and the node, pod and "
         "service proxies; empty allows all)",
     )
-    delegation = DelegationSettings()
     _number(
         p,
         "--auth-review-rate",
@@ -175,6 +186,7 @@ def parser() -> argparse.ArgumentParser:
         "changes); required beyond loopback, with --client-auth delegated",
     )
     p.add_argument("--tls-private-key-file", type=Path, default=_env("tls-private-key-file"))
+    store = StoreSettings(path=defaults.db)
     p.add_argument(
         "--cert-dir",
         type=Path,
@@ -187,22 +199,24 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--sync-mode",
         choices=("NORMAL", "FULL"),
-        default=_env("sync-mode", "NORMAL"),
+        default=_env("sync-mode", store.synchronous),
         help="SQLite synchronous mode: FULL also survives power loss",
     )
-    p.add_argument(
+    _number(
+        p,
         "--retention-events",
-        type=int,
-        default=int(_env("retention-events", "200000") or 200000),
+        kind=int,
+        default=store.retention_events,
         help="event log entries kept per shape",
     )
-    p.add_argument(
+    _number(
+        p,
         "--retention-seconds",
-        type=float,
-        default=float(_env("retention-seconds", "86400") or 86400),
+        kind=float,
+        default=store.retention_seconds,
         help="event log entries older than this are dropped",
     )
-    retention_bytes = StoreSettings(path=Settings().db).retention_bytes
+    retention_bytes = store.retention_bytes
     _number(
         p,
         "--retention-bytes",
@@ -211,29 +225,36 @@ def parser() -> argparse.ArgumentParser:
         help="bytes of event-log entries (objects, new and old) kept per collection; the "
         f"oldest go first (default {retention_bytes}: {retention_bytes >> 20} MiB)",
     )
-    p.add_argument(
-        "--bookmark-interval", type=float, default=float(_env("bookmark-interval", "60") or 60)
+    _number(
+        p,
+        "--bookmark-interval",
+        kind=float,
+        default=defaults.serve.bookmark_interval,
+        help="seconds between the bookmarks of a cached watch that asked for them",
     )
-    p.add_argument(
+    _number(
+        p,
         "--watch-write-timeout",
-        type=float,
-        default=float(_env("watch-write-timeout", "30") or 30),
+        kind=float,
+        default=defaults.serve.slow_write_timeout,
         help="disconnect a watch or LIST client that accepted no write for this long",
     )
-    p.add_argument(
+    _number(
+        p,
         "--upstream-idle-timeout",
-        type=float,
-        default=float(_env("upstream-idle-timeout", "120") or 120),
+        kind=float,
+        default=defaults.reflector.idle_timeout,
         help="replace an upstream watch silent for this long (bookmarks come every minute)",
     )
-    p.add_argument(
+    _number(
+        p,
         "--max-shapes",
-        type=int,
-        default=int(_env("max-shapes", "500") or 500),
+        kind=int,
+        default=defaults.sync.max_shapes,
         help="learned collections at most; requests for more pass through",
     )
     _discovery_flags(p)
-    limits = Limits()
+    limits = defaults.limits
     _number(
         p,
         "--max-connections",

@@ -267,41 +267,11 @@ class App:
                 metrics=self.metrics,
                 breaker=breaker,
             )
-        self.syncer = syncer = Syncer(
-            store=store,
-            upstream=upstream,
-            settings=settings.sync,
-            reflector_settings=settings.reflector,
-            limiter=ListLimiter(),
-            breaker=breaker,
-            metrics=self.metrics,
-        )
-        self.breaker = breaker
-        await syncer.start(
-            ShapeKey.of(
-                flag.gvr,
-                namespace=flag.namespace,
-                encoding=Encoding.PROTOBUF if flag.protobuf else Encoding.JSON,
-            )
-            for flag in settings.resources
-        )
+        syncer = await self._start_syncing(store=store, upstream=upstream, breaker=breaker)
         discovery = StoredDiscovery(store, resources=self.metrics.resources)
         copies = await self._discovery_copies(discovery, upstream=upstream, breaker=breaker)
-        ctx = Context(
-            store=store,
-            syncer=syncer,
-            upstream=upstream,
-            discovery=discovery,
-            discovery_copies=copies,
-            metrics=self.metrics,
-            settings=settings.serve,
-            credentials="sidecar" if settings.client_auth.mode == "none" else "client",
-            learn=settings.sync.learn,
-            breaker=breaker,
-            ready=self.ready,
-            writes=RecentWrites(),
-            delegation=self.delegation,
-            admission=Admission(settings.limits),
+        ctx = self._context(
+            store=store, syncer=syncer, upstream=upstream, discovery=discovery, copies=copies
         )
         guard = Guard(
             loopback_listener=is_loopback_address(settings.listen[0]),
@@ -323,6 +293,59 @@ class App:
             *settings.metrics_listen,
             len(store.shapes),
         )
+
+    def _context(
+        self,
+        *,
+        store: Store,
+        syncer: Syncer,
+        upstream: Upstream,
+        discovery: StoredDiscovery,
+        copies: DiscoveryCopies,
+    ) -> Context:
+        """What the API's handlers share."""
+        settings = self.settings
+        return Context(
+            store=store,
+            syncer=syncer,
+            upstream=upstream,
+            discovery=discovery,
+            discovery_copies=copies,
+            metrics=self.metrics,
+            settings=settings.serve,
+            credentials="sidecar" if settings.client_auth.mode == "none" else "client",
+            learn=settings.sync.learn,
+            breaker=syncer.breaker,
+            ready=self.ready,
+            writes=RecentWrites(),
+            delegation=self.delegation,
+            admission=Admission(settings.limits),
+        )
+
+    async def _start_syncing(
+        self, *, store: Store, upstream: Upstream, breaker: CircuitBreaker
+    ) -> Syncer:
+        """The syncer, started with the configured collections (``--resource``)."""
+        settings = self.settings
+        self.syncer = syncer = Syncer(
+            store=store,
+            upstream=upstream,
+            settings=settings.sync,
+            reflector_settings=settings.reflector,
+            limiter=ListLimiter(),
+            breaker=breaker,
+            metrics=self.metrics,
+        )
+        self.breaker = breaker
+        await syncer.start(
+            ShapeKey.of(
+                flag.gvr,
+                namespace=flag.namespace,
+                encoding=Encoding.PROTOBUF if flag.protobuf else Encoding.JSON,
+            )
+            for flag in settings.resources
+        )
+        return syncer
 
     async def _discovery_copies(
         self, discovery: StoredDiscovery, *, upstream: Upstream, breaker: CircuitBreaker

@@ -561,7 +561,7 @@ class Metrics:
 
     def value(self, name: str, labels: dict[str, str] | None = None) -> float | None:
         """The current value of one sample, e.g. ``value("warmwatch_events_out_total",
-        {"resource": "configmaps"})``, or None when it has not been recorded (for tests and
-        the readiness report)."""
+        {"resource": "configmaps"})``, or None when it has not been recorded (a reflector reads
+        the objects its shape held before a relist; tests read any)."""
         result = self.registry.get_sample_value(name, labels or {})
         return None if result is None else float(result)

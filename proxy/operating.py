@@ -23,7 +23,9 @@ from typing import Any, TextIO
 import orjson
 
 from proxy.cache.inspecting import (
+    DatabaseFiles,
     InspectError,
+    ShapeContents,
     StoredShape,
     database_files,
     open_read_only,
@@ -112,63 +114,53 @@ def _table(rows: list[list[str]], out: TextIO) -> None:
         )
 
 
-def inspect(connection: sqlite3.Connection, *, path: Path, output: str, out: TextIO) -> int:
-    connection.execute("BEGIN")  # one snapshot for the whole report
-    try:
-        files = database_files(connection, path)
-        contents = [shape_contents(connection, shape) for shape in stored_shapes(connection)]
-    finally:
-        connection.execute("COMMIT")
-    if output == "json":
-        document = {
-            "database": {
-                "path": str(path),
-                "schemaVersion": files.schema_version,
-                "pageSize": files.page_size,
-                "pages": files.pages,
-                "freePages": files.free_pages,
-                "dbBytes": files.db_bytes,
-                "walBytes": files.wal_bytes,
-            },
-            "shapes": [
-                {
-                    "id": c.shape.id,
-                    "shape": c.shape.key.identity,
-                    "resource": c.shape.key.gvr_label,
-                    "namespace": c.shape.key.namespace,
-                    "labelSelector": c.shape.key.label_selector,
-                    "fieldSelector": c.shape.key.field_selector,
-                    "encoding": str(c.shape.key.encoding),
-                    "configured": c.shape.configured,
-                    "kind": c.shape.kind,
-                    "resourceVersion": c.shape.rv,
-                    "objects": c.objects,
-                    "objectBytes": c.object_bytes,
-                    "log": {
-                        "events": c.events,
-                        "startResourceVersion": c.shape.log_start_rv,
-                        "oldest": {"resourceVersion": c.oldest.rv, "at": c.oldest.at}
-                        if c.oldest
-                        else None,
-                        "newest": {"resourceVersion": c.newest.rv, "at": c.newest.at}
-                        if c.newest
-                        else None,
-                    },
-                    "lastCommit": c.last_commit,
-                }
-                for c in contents
-            ],
-        }
-        out.write(orjson.dumps(document, option=orjson.OPT_INDENT_2).decode() + "\n")
-        return EXIT_EQUAL
-    print(
-        f"{path}: schema version {files.schema_version}, {files.db_bytes:,} bytes "
-        f"(+ WAL {files.wal_bytes:,}), {files.pages:,} pages of {files.page_size:,} "
-        f"({files.free_pages:,} free), {len(contents)} collections",
-        file=out,
-    )
-    if not contents:
-        return EXIT_EQUAL
+def _inspect_document(
+    *, path: Path, files: DatabaseFiles, contents: list[ShapeContents]
+) -> dict[str, Any]:
+    """``warmwatch inspect -o json``: the database and each collection."""
+    return {
+        "database": {
+            "path": str(path),
+            "schemaVersion": files.schema_version,
+            "pageSize": files.page_size,
+            "pages": files.pages,
+            "freePages": files.free_pages,
+            "dbBytes": files.db_bytes,
+            "walBytes": files.wal_bytes,
+        },
+        "shapes": [
+            {
+                "id": c.shape.id,
+                "shape": c.shape.key.identity,
+                "resource": c.shape.key.gvr_label,
+                "namespace": c.shape.key.namespace,
+                "labelSelector": c.shape.key.label_selector,
+                "fieldSelector": c.shape.key.field_selector,
+                "encoding": str(c.shape.key.encoding),
+                "configured": c.shape.configured,
+                "kind": c.shape.kind,
+                "resourceVersion": c.shape.rv,
+                "objects": c.objects,
+                "objectBytes": c.object_bytes,
+                "log": {
+                    "events": c.events,
+                    "startResourceVersion": c.shape.log_start_rv,
+                    "oldest": {"resourceVersion": c.oldest.rv, "at": c.oldest.at}
+                    if c.oldest
+                    else None,
+                    "newest": {"resourceVersion": c.newest.rv, "at": c.newest.at}
+                    if c.newest
+                    else None,
+                },
+                "lastCommit": c.last_commit,
+            }
+            for c in contents
+        ],
+    }
+
+
+def _inspect_rows(contents: list[ShapeContents]) -> list[list[str]]:
+    """``warmwatch inspect``'s table: a header, then a row per collection."""
     rows = [
         [
             "ID",
@@ -200,7 +192,29 @@ def inspect(connection: sqlite3.Connection, *, path: Path, output: str, out: Tex
                 _when(c.last_commit),
             ]
         )
-    _table(rows, out)
+    return rows
+
+
+def inspect(connection: sqlite3.Connection, *, path: Path, output: str, out: TextIO) -> int:
+    connection.execute("BEGIN")  # one snapshot for the whole report
+    try:
+        files = database_files(connection, path)
+        contents = [shape_contents(connection, shape) for shape in stored_shapes(connection)]
+    finally:
+        connection.execute("COMMIT")
+    if output == "json":
+        document = _inspect_document(path=path, files=files, contents=contents)
+        out.write(orjson.dumps(document, option=orjson.OPT_INDENT_2).decode() + "\n")
+        return EXIT_EQUAL
+    print(
+        f"{path}: schema version {files.schema_version}, {files.db_bytes:,} bytes "
+        f"(+ WAL {files.wal_bytes:,}), {files.pages:,} pages of {files.page_size:,} "
+        f"({files.free_pages:,} free), {len(contents)} collections",
+        file=out,
+    )
+    if not contents:
+        return EXIT_EQUAL
+    _table(_inspect_rows(contents), out)
     return EXIT_EQUAL
 
 

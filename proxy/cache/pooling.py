@@ -1,7 +1,7 @@
 """Connections to the cache file, and the pool of readers (docs/design.md §3).
 
 Every SQLite call runs on a connection's own thread (aiosqlite keeps one per connection), and
-every query is a plain function of ``reading`` or ``writing`` shipped there whole by
+every query is a plain function of ``reading`` or a writer's transaction shipped there whole by
 :func:`on_thread`: one hop per transaction, not one await per statement.
 
 :class:`Readers` lends a few reader connections to LIST streams, watch catch-ups, resume

@@ -11,7 +11,7 @@ One database file holds every shape. Tables:
   shape, the object's own protobuf message (no envelope) for a ``protobuf`` shape. A shape's
   objects are the rows of its generation ``shapes.gen``; a relist builds the next generation
   (``shapes.next_gen``) beside it in slices and publishes it by switching ``gen``
-  (``writing.Relist``).
+  (``relisting.Relist``).
 - ``events``: the append-only log per shape, ordered by ``seq``. ``rv_order`` is the RV as an
   integer where it is well-formed (KEP-5504), for resume look-ups. BOOKMARK rows are positions
   only (never sent as events). ``prev_labels`` / ``prev_raw`` describe the previous state where

@@ -133,11 +133,11 @@ class Shape:
     """Bytes its log holds in the database (``shapes.log_bytes``), as of the last commit."""
     unpublished: bool = False
     """An abandoned relist left log entries past the published ones: they are deleted
-    (``writing.drop_unpublished``) before the shape's next append."""
+    (``relisting.drop_unpublished``) before the shape's next append."""
 
     @classmethod
     def from_row(cls, row: tuple[Any, ...], *, ring_size: int) -> Shape:
-        """From a row of ``writing.SHAPE_COLUMNS``."""
+        """From a row of ``registering.SHAPE_COLUMNS``."""
         (
             id_,
             group,

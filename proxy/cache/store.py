@@ -1,6 +1,7 @@
 """The cache: one SQLite file, one writer, readers on their own connections.
 
-:class:`Store` is the async shell around ``writing`` (the writer's transactions), ``reading``
+:class:`Store` is the async shell around the writer's transactions (``appending``,
+``relisting``, ``maintaining``, ``registering``: see ``writing``), ``reading``
 (queries, on ``pooling.Readers``) and ``tailing`` (each shape's ring of new log entries), and
 holds the registry of shapes (``shapes.Shape``). The writer connection serialises every write;
 each write is one transaction and is published to watchers only after it committed. Readers
@@ -24,7 +25,16 @@ from typing import Any, TypeVar
 
 import aiosqlite
 
-from proxy.cache import memory, reading, schema, writing
+from proxy.cache import (
+    appending,
+    maintaining,
+    memory,
+    reading,
+    registering,
+    relisting,
+    schema,
+    writing,
+)
 from proxy.cache.pooling import Readers, Snapshot, connect, on_thread
 from proxy.cache.records import Change, EventRecord
 from proxy.cache.shapes import Shape, ShapeKey
@@ -160,9 +170,9 @@ class Store:
             keep_private(settings.path)
             writer = await cls._connect(settings)
             await on_thread(writer, schema.migrate)
-        await on_thread(writer, writing.checkpoint, mode="TRUNCATE")
+        await on_thread(writer, maintaining.checkpoint, mode="TRUNCATE")
         store = cls(settings=settings, writer=writer, metrics=metrics)
-        for row in await on_thread(writer, writing.open_shapes):
+        for row in await on_thread(writer, registering.open_shapes):
             store._remember(row, how="resumed")
         return store
 
@@ -212,9 +222,10 @@ class Store:
     # -- writing ---------------------------------------------------------------------------
 
     async def _write(self, function: Callable[..., T], *, inline: bool = False, **kwargs: Any) -> T:
-        """``function(connection, **kwargs)`` (a ``writing`` function) on the writer, one at a
-        time: on its thread, or with ``inline`` on the event loop's own (:data:`INLINE_COMMIT`).
-        The connection is never used by two threads at once: the write lock is held."""
+        """``function(connection, **kwargs)`` (a transaction: ``appending``, ``relisting``, ...)
+        on the writer, one at a time: on its thread, or with ``inline`` on the event loop's own
+        (:data:`INLINE_COMMIT`). The connection is never used by two threads at once: the write
+        lock is held."""
         async with self._write_lock:
             return await self._write_locked(function, inline=inline, **kwargs)
 
@@ -262,7 +273,7 @@ class Store:
             await asyncio.shield(self._inserting)
         if configured and not existing.configured:
             existing.configured = True
-            await self._write(writing.set_configured, shape_id=existing.id)
+            await self._write(registering.set_configured, shape_id=existing.id)
         return existing
 
     async def _insert_new_shapes(self) -> None:
@@ -273,13 +284,13 @@ class Store:
             # A shape asked for again while the previous insert was on the writer's thread
             # was not known yet, and is in this batch too: it is now.
             new = {key: configured for key, configured in new.items() if key not in self.shapes}
-            rows = await self._write_locked(writing.insert_shapes, shapes=new) if new else []
+            rows = await self._write_locked(registering.insert_shapes, shapes=new) if new else []
         for row in rows:
             self._remember(row, how="new")
 
     async def drop_shape(self, shape: Shape) -> None:
         with contextlib.suppress(writing.ShapeGone):  # dropped meanwhile by another path
-            await self._write(writing.discard_shape, shape_id=shape.id)
+            await self._write(registering.discard_shape, shape_id=shape.id)
         if self.shapes.get(shape.key) is shape:
             del self.shapes[shape.key]
         shape.log.close()
@@ -295,7 +306,7 @@ class Store:
         if shape.unpublished:
             await self._drop_unpublished(shape)
         committed = await self._write(
-            writing.apply_changes,
+            appending.apply_changes,
             inline=len(changes) <= INLINE_COMMIT.changes
             and sum(len(change.raw) for change in changes) <= INLINE_COMMIT.bytes,
             shape_id=shape.id,
@@ -307,19 +318,19 @@ class Store:
         await self._bound_log(shape, log_bytes=committed.log_bytes)
 
     async def stage(self, shape: Shape, objects: Sequence[Change]) -> None:
-        await self._write(writing.stage, shape_id=shape.id, objects=objects)
+        await self._write(relisting.stage, shape_id=shape.id, objects=objects)
 
     async def begin_list(self, shape: Shape) -> None:
-        """``writing.begin_list``: before a list's first page (a fill, a relist, a retry).
+        """``relisting.begin_list``: before a list's first page (a fill, a relist, a retry).
         What an abandoned relist appended to the log is deleted first, in slices."""
         if shape.unpublished:
             await self._drop_unpublished(shape)
-        await self._write(writing.begin_list, shape_id=shape.id)
+        await self._write(relisting.begin_list, shape_id=shape.id)
 
     async def _drop_unpublished(self, shape: Shape) -> None:
-        """``writing.drop_unpublished`` until none is left, a slice per transaction (other
+        """``relisting.drop_unpublished`` until none is left, a slice per transaction (other
         shapes commit in between)."""
-        while await self._write(writing.drop_unpublished, shape_id=shape.id):
+        while await self._write(relisting.drop_unpublished, shape_id=shape.id):
             pass
         shape.unpublished = False
 
@@ -328,10 +339,10 @@ class Store:
         which other shapes commit); returns events appended."""
         if shape.rv is None:
             committed = await self._write(
-                writing.finish_fill, shape_id=shape.id, rv=rv, kind=kind, api_version=api_version
+                relisting.finish_fill, shape_id=shape.id, rv=rv, kind=kind, api_version=api_version
             )
         else:
-            relist = writing.Relist(
+            relist = relisting.Relist(
                 shape_id=shape.id,
                 rv=rv,
                 kind=kind,
@@ -356,7 +367,7 @@ class Store:
 
     async def collect_garbage(self) -> None:
         """Delete replaced and abandoned generations, a slice per transaction."""
-        while await self._write(writing.collect_garbage):
+        while await self._write(maintaining.collect_garbage):
             pass
 
     async def trim(self) -> int:
@@ -378,7 +389,7 @@ class Store:
             await self._trim_shape(shape)
 
     async def _trim_shape(self, shape: Shape) -> int:
-        """``writing.trim`` of one shape, a slice per transaction (other shapes commit in
+        """``maintaining.trim`` of one shape, a slice per transaction (other shapes commit in
         between); a log over ``retention_bytes`` is cut to 7/8 of it (:data:`BYTES_HEADROOM`).
         Returns how many entries were dropped; stops when the shape was dropped meanwhile
         (its row, or its place in the registry, is gone)."""
@@ -388,7 +399,7 @@ class Store:
         while self.shapes.get(shape.key) is shape:
             try:
                 trimmed = await self._write(
-                    writing.trim,
+                    maintaining.trim,
                     shape_id=shape.id,
                     max_events=self.settings.retention_events,
                     max_age=self.settings.retention_seconds,
@@ -422,12 +433,14 @@ class Store:
                 await asyncio.sleep(interval)
                 if self._inline_commits != checkpointed:
                     checkpointed = self._inline_commits
-                    await on_thread(db, writing.checkpoint, mode="PASSIVE")
+                    await on_thread(db, maintaining.checkpoint, mode="PASSIVE")
         finally:
             await db.close()
 
     async def save_usage(self) -> None:
-        await self._write(writing.save_usage, used={s.id: s.used_at for s in self.shapes.values()})
+        await self._write(
+            registering.save_usage, used={s.id: s.used_at for s in self.shapes.values()}
+        )
 
     # -- discovery documents ----------------------------------------------------------------
 
@@ -448,7 +461,7 @@ class Store:
         evict: Sequence[str] = (),
     ) -> None:
         await self._write(
-            writing.put_document,
+            registering.put_document,
             key=key,
             status=status,
             headers=headers,
@@ -459,7 +472,7 @@ class Store:
 
     async def drop_documents(self, keys: Sequence[str]) -> None:
         if keys:
-            await self._write(writing.drop_documents, keys=keys)
+            await self._write(registering.drop_documents, keys=keys)
 
     # -- reading ---------------------------------------------------------------------------
 

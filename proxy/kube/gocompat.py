@@ -8,7 +8,6 @@ behaviour that show up in list/watch error messages. Nothing here does I/O.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import orjson
@@ -20,7 +19,6 @@ __all__ = [
     "GoNumError",
     "go_json",
     "go_json_bytes",
-    "go_json_syntax_error",
     "go_quote",
     "origin_form",
     "parse_bool",
@@ -96,9 +94,14 @@ _JSON_ESCAPES = {
 }
 
 
-def _go_json_string(text: str) -> str:
+def go_json(value: str) -> str:
+    """Go's ``json.Marshal`` of a string (HTML-escaping included).
+
+    field.Error renders bad values that are not a plain Go ``string`` this way, for example a
+    ``metav1.ResourceVersionMatch``.
+    """
     out = ['"']
-    for ch in text:
+    for ch in value:
         escaped = _JSON_ESCAPES.get(ch)
         if escaped is not None:
             out.append(escaped)
@@ -108,17 +111,6 @@ def _go_json_string(text: str) -> str:
             out.append(ch)
     out.append('"')
     return "".join(out)
-
-
-def go_json(value: str | Sequence[str]) -> str:
-    """Go's ``json.Marshal`` of a string or a string slice (HTML-escaping included).
-
-    field.Error renders bad values that are not a plain Go ``string`` this way, for example a
-    ``metav1.ResourceVersionMatch`` or a ``[]string``.
-    """
-    if isinstance(value, str):
-        return _go_json_string(value)
-    return "[" + ",".join(_go_json_string(item) for item in value) + "]"
 
 
 _HTML_UNSAFE = (
@@ -360,236 +352,3 @@ def parse_query(raw: str) -> list[tuple[str, str]]:
         if key is not None and value is not None:
             pairs.append((key, value))
     return pairs
-
-
-# -- encoding/json's scanner: which syntax error json.Unmarshal reports ----------------------
-
-_JSON_SPACE = frozenset(b" \t\r\n")
-
-
-class _JsonSyntaxError(Exception):
-    pass
-
-
-def _quote_char(byte: int) -> str:
-    """encoding/json's ``quoteChar``: the byte as a rune, in single quotes."""
-    if byte == ord("'"):
-        return "'\\''"
-    if byte == ord('"'):
-        return "'\"'"
-    return "'" + go_quote(chr(byte))[1:-1] + "'"
-
-
-class _Scanner:
-    """``encoding/json``'s scanner, one byte at a time: ``step`` is the current state; a state
-    consumes the byte or hands it on to the next state, exactly as Go's do."""
-
-    def __init__(self) -> None:
-        self.step: Callable[[int], None] = self.begin_value
-        self.stack: list[str] = []  # "key", "value" (inside an object), "array"
-        self.end_top = False
-
-    def fail(self, byte: int, context: str) -> _JsonSyntaxError:
-        return _JsonSyntaxError(f"invalid character {_quote_char(byte)} {context}")
-
-    # values
-    def begin_value_or_empty(self, c: int) -> None:  # after [
-        if c in _JSON_SPACE:
-            return
-        if c == ord("]"):
-            self.end_value(c)
-        else:
-            self.begin_value(c)
-
-    def begin_value(self, c: int) -> None:
-        if c in _JSON_SPACE:
-            return
-        if c == ord("{"):
-            self.stack.append("key")
-            self.step = self.begin_string_or_empty
-        elif c == ord("["):
-            self.stack.append("array")
-            self.step = self.begin_value_or_empty
-        elif c == ord('"'):
-            self.step = self.in_string
-        elif c == ord("-"):
-            self.step = self.neg
-        elif c == ord("0"):
-            self.step = self.zero
-        elif ord("1") <= c <= ord("9"):
-            self.step = self.one
-        elif c in _LITERALS:
-            self.step = self.literal(_LITERALS[c], 1)
-        else:
-            raise self.fail(c, "looking for beginning of value")
-
-    def begin_string_or_empty(self, c: int) -> None:  # after {
-        if c in _JSON_SPACE:
-            return
-        if c == ord("}"):
-            self.stack[-1] = "value"
-            self.end_value(c)
-        else:
-            self.begin_string(c)
-
-    def begin_string(self, c: int) -> None:
-        if c in _JSON_SPACE:
-            return
-        if c != ord('"'):
-            raise self.fail(c, "looking for beginning of object key string")
-        self.step = self.in_string
-
-    def end_value(self, c: int) -> None:
-        if not self.stack:
-            self.end_top = True
-            self.step = self.end_top_state
-            self.end_top_state(c)
-            return
-        if c in _JSON_SPACE:
-            self.step = self.end_value
-            return
-        state = self.stack[-1]
-        if state == "key":
-            if c != ord(":"):
-                raise self.fail(c, "after object key")
-            self.stack[-1] = "value"
-            self.step = self.begin_value
-        elif state == "value":
-            if c == ord(","):
-                self.stack[-1] = "key"
-                self.step = self.begin_string
-            elif c == ord("}"):
-                self.pop()
-            else:
-                raise self.fail(c, "after object key:value pair")
-        elif c == ord(","):
-            self.step = self.begin_value
-        elif c == ord("]"):
-            self.pop()
-        else:
-            raise self.fail(c, "after array element")
-
-    def pop(self) -> None:
-        self.stack.pop()
-        if not self.stack:
-            self.end_top = True
-            self.step = self.end_top_state
-        else:
-            self.step = self.end_value
-
-    def end_top_state(self, c: int) -> None:
-        if c not in _JSON_SPACE:
-            raise self.fail(c, "after top-level value")
-
-    # strings
-    def in_string(self, c: int) -> None:
-        if c == ord('"'):
-            self.step = self.end_value
-        elif c == ord("\\"):
-            self.step = self.in_string_escape
-        elif c < 0x20:
-            raise self.fail(c, "in string literal")
-
-    def in_string_escape(self, c: int) -> None:
-        if c in b'bfnrt\\/"':
-            self.step = self.in_string
-        elif c == ord("u"):
-            self.step = self.in_unicode_escape(4)
-        else:
-            raise self.fail(c, "in string escape code")
-
-    def in_unicode_escape(self, left: int) -> Callable[[int], None]:
-        def state(c: int) -> None:
-            if c not in _HEX:
-                raise self.fail(c, "in \\u hexadecimal character escape")
-            self.step = self.in_string if left == 1 else self.in_unicode_escape(left - 1)
-
-        return state
-
-    # numbers
-    def neg(self, c: int) -> None:
-        if c == ord("0"):
-            self.step = self.zero
-        elif ord("1") <= c <= ord("9"):
-            self.step = self.one
-        else:
-            raise self.fail(c, "in numeric literal")
-
-    def one(self, c: int) -> None:
-        if ord("0") <= c <= ord("9"):
-            return
-        self.zero(c)
-
-    def zero(self, c: int) -> None:
-        if c == ord("."):
-            self.step = self.dot
-        elif c in b"eE":
-            self.step = self.exponent
-        else:
-            self.end_value(c)
-
-    def dot(self, c: int) -> None:
-        if not ord("0") <= c <= ord("9"):
-            raise self.fail(c, "after decimal point in numeric literal")
-        self.step = self.dot_digits
-
-    def dot_digits(self, c: int) -> None:
-        if ord("0") <= c <= ord("9"):
-            return
-        if c in b"eE":
-            self.step = self.exponent
-        else:
-            self.end_value(c)
-
-    def exponent(self, c: int) -> None:
-        if c in b"+-":
-            self.step = self.exponent_sign
-        else:
-            self.exponent_sign(c)
-
-    def exponent_sign(self, c: int) -> None:
-        if not ord("0") <= c <= ord("9"):
-            raise self.fail(c, "in exponent of numeric literal")
-        self.step = self.exponent_digits
-
-    def exponent_digits(self, c: int) -> None:
-        if not ord("0") <= c <= ord("9"):
-            self.end_value(c)
-
-    # true, false, null
-    def literal(self, word: bytes, position: int) -> Callable[[int], None]:
-        def state(c: int) -> None:
-            expected = word[position]
-            if c != expected:
-                raise self.fail(
-                    c, f"in literal {word.decode()} (expecting {_quote_char(expected)})"
-                )
-            self.step = (
-                self.end_value if position + 1 == len(word) else self.literal(word, position + 1)
-            )
-
-        return state
-
-
-_LITERALS = {ord("t"): b"true", ord("f"): b"false", ord("n"): b"null"}
-
-
-def go_json_syntax_error(data: bytes) -> str | None:
-    """The ``SyntaxError`` text Go's ``json.Unmarshal`` reports for ``data`` (its
-    ``checkValid`` runs before any decoding), or None when Go's scanner accepts it.
-
-    A port of ``encoding/json/scanner.go``: same states, same messages (``invalid character
-    'o' in literal null (expecting 'u')``, ``... after object key``, ``unexpected end of JSON
-    input``). Strings are not checked for valid UTF-8, as Go does not.
-    """
-    scanner = _Scanner()
-    try:
-        for byte in data:
-            scanner.step(byte)
-        if not scanner.end_top:
-            scanner.step(ord(" "))  # Go's eof(): a number may end here
-        if not scanner.end_top:
-            return "unexpected end of JSON input"
-    except _JsonSyntaxError as error:
-        return str(error)
-    return None

@@ -14,9 +14,10 @@ The apiserver handles a collection request in this order (v1.37 ``handlers/get.g
    cause per rule broken. WATCH rules apply when the ``watch`` *parameter* is true; a request
    on the deprecated ``/watch/`` path without ``watch=true`` is validated with the LIST rules
    (so ``sendInitialEvents`` there is "forbidden for list").
-3. **Storage checks**: for a LIST, a bad ``continue`` token or ``continue`` with an RV other
-   than ``""``/``"0"`` is 400, and so is a non-numeric RV; for a WATCH a non-numeric RV is a
-   reasonless 500 (see ``versions``).
+3. **Storage checks**: for a LIST a non-numeric RV is 400, for a WATCH a reasonless 500 (see
+   ``versions``). A LIST with ``continue`` is not checked here: it is always passed through,
+   and the apiserver decodes its token (400 ``invalid continue token: ...``) before it looks
+   at the RV, so its checks are the apiserver's own answer.
 
 Field *labels* (which fields a type supports) are not checked here: see
 ``FieldSelector.is_locally_servable``.
@@ -33,7 +34,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, TypeAlias
 
-from proxy.kube.continue_token import ContinueToken, InvalidContinueToken
 from proxy.kube.field_errors import FieldError
 from proxy.kube.gocompat import GoNumError, parse_int64
 from proxy.kube.selectors import FieldSelector, LabelSelector, SelectorSyntaxError
@@ -287,10 +287,9 @@ def validate_list_options(options: ListOptions) -> None:
 def check_storage_options(options: ListOptions) -> None:
     """Step 3: the storage layer's checks of ``continue`` and ``resourceVersion``.
 
-    LIST: a ``continue`` token must decode (400 ``invalid continue token: ...``) and then the
-    RV must be unset or ``"0"`` (400 ``specifying resource version is not allowed when using
-    continue``); without ``continue`` a set RV must parse (400 ``invalid resource version:
-    ...``). WATCH: a set RV must parse (500, no reason).
+    LIST: a set RV must parse (400 ``invalid resource version: ...``); with ``continue``
+    nothing is checked (the apiserver answers it: see the module docstring). WATCH: a set RV
+    must parse (500, no reason).
     """
     rv = options.resource_version
     if options.is_watch:
@@ -301,14 +300,6 @@ def check_storage_options(options: ListOptions) -> None:
                 raise exc.to_status(watch=True) from None
         return
     if options.continue_token:
-        try:
-            ContinueToken.decode(options.continue_token)
-        except InvalidContinueToken as exc:
-            raise exc.to_status() from None
-        if rv not in (None, "0"):
-            raise StatusError.bad_request(
-                "specifying resource version is not allowed when using continue"
-            )
         return
     if rv is not None:
         try:
@@ -338,7 +329,6 @@ class ListSemantics:
     kind: ListSemanticsKind
     resource_version: str | None = None
     limit: int | None = None
-    continue_token: ContinueToken | None = None
 
 
 def list_semantics(options: ListOptions) -> ListSemantics:
@@ -353,9 +343,9 @@ def list_semantics(options: ListOptions) -> ListSemantics:
     Exact                         (invalid)    (invalid)        EXACT N
     ============================  ===========  ===============  ===========================
 
-    A ``continue`` token makes it CONTINUE. RV "0" ignores ``limit`` because the watch cache
-    does (``computeListLimit``). Raises ValueError for a WATCH or an unvalidated combination,
-    :class:`InvalidContinueToken` for a bad token.
+    A ``continue`` token makes it CONTINUE (the token is not decoded: such a page is passed
+    through). RV "0" ignores ``limit`` because the watch cache does (``computeListLimit``).
+    Raises ValueError for a WATCH or an unvalidated combination.
     """
     if options.is_watch:
         raise ValueError("list_semantics() of a watch request")
@@ -363,11 +353,7 @@ def list_semantics(options: ListOptions) -> ListSemantics:
     match = options.resource_version_match
     limit = options.page_limit
     if options.continue_token:
-        return ListSemantics(
-            kind=ListSemanticsKind.CONTINUE,
-            limit=limit,
-            continue_token=ContinueToken.decode(options.continue_token),
-        )
+        return ListSemantics(kind=ListSemanticsKind.CONTINUE, limit=limit)
     if rv == "0" and match != ResourceVersionMatch.EXACT:
         return ListSemantics(kind=ListSemanticsKind.ANY)
     if match is None:

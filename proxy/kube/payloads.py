@@ -16,14 +16,12 @@ from typing import Any, Final, Literal, NotRequired, TypedDict
 __all__ = [
     "INITIAL_EVENTS_END_ANNOTATION",
     "WATCH_EVENT_TYPES",
-    "KubeList",
     "KubeObject",
     "ListMeta",
     "ObjectMeta",
     "StatusCause",
     "StatusDetails",
     "StatusPayload",
-    "WatchEvent",
     "WatchEventType",
 ]
 
@@ -84,16 +82,6 @@ ListMeta.__doc__ = """``metav1.ListMeta``. ``continue`` and ``remainingItemCount
 paginated answers; an expired continue token's Status carries a fresh ``continue``."""
 
 
-class KubeList(TypedDict):
-    """A LIST answer: ``{"kind":"ConfigMapList","apiVersion":"v1","metadata":{...},"items":[...]}``.
-    ``items`` is never null."""
-
-    kind: str
-    apiVersion: str
-    metadata: ListMeta
-    items: list[KubeObject]
-
-
 class StatusCause(TypedDict, total=False):
     """``metav1.StatusCause``; Go's field ``Type`` is serialised as ``reason``."""
 
@@ -127,11 +115,3 @@ class StatusPayload(TypedDict):
     reason: NotRequired[str]
     details: NotRequired[StatusDetails]
     code: int
-
-
-class WatchEvent(TypedDict):
-    """One watch stream frame: ``{"type": ..., "object": ...}`` followed by ``\\n``.
-    ERROR events carry a Status object."""
-
-    type: WatchEventType
-    object: KubeObject | StatusPayload

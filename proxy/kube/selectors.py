@@ -45,8 +45,6 @@ __all__ = [
     "Operator",
     "SelectorSyntaxError",
     "escape_field_value",
-    "field_label_not_known",
-    "field_label_not_supported",
     "generic_fields",
 ]
 
@@ -469,23 +467,6 @@ GENERIC_FIELD_LABELS: Final = frozenset({"metadata.name", "metadata.namespace"})
 def generic_fields(*, name: str, namespace: str) -> dict[str, str]:
     """The field set a field selector on generic labels matches against."""
     return {"metadata.name": name, "metadata.namespace": namespace}
-
-
-def field_label_not_supported(label: str) -> StatusError:
-    """The apiserver's 400 for a field label a type with its own field-label conversion does
-    not support (pods, nodes, namespaces, secrets, events, services, custom resources, ...):
-    ``field label not supported: spec.foo``. Nodes and namespaces answer this way for
-    ``metadata.namespace`` too."""
-    return StatusError.bad_request(f"field label not supported: {label}")
-
-
-def field_label_not_known(label: str) -> StatusError:
-    """The apiserver's 400 for a field label of a type without its own conversion
-    (configmaps, deployments, ...; ``runtime.DefaultMetaV1FieldSelectorConversion``):
-    ``"spec.foo" is not a known field selector: only "metadata.name", "metadata.namespace"``."""
-    return StatusError.bad_request(
-        f'{go_quote(label)} is not a known field selector: only "metadata.name", "metadata.namespace"'
-    )
 
 
 def escape_field_value(value: str) -> str:

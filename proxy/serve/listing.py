@@ -4,7 +4,9 @@ The list's ``metadata.resourceVersion`` is the RV of the snapshot. ``limit`` is 
 the apiserver's watch cache does for RV "0": the whole list, no ``continue``. Items are the
 stored bytes, concatenated; nothing is decoded per request (metadata-only answers cut each
 object down to its metadata). A not-older-than
-RV the cache has not reached waits briefly, then gets 504 with ``Retry-After``.
+RV the cache has not reached waits briefly (``wait_for_rv``), then the request is passed through:
+the apiserver answers it (at once, or with its own 504 when the RV is really ahead; see
+``executing``).
 
 A LIST is sent within ``ServeSettings.list_timeout`` (60 s, the apiserver's
 ``--request-timeout``, which cuts its own LISTs too) plus the time its bytes take at

@@ -215,10 +215,6 @@ class CircuitBreaker:
             self._set(BreakerState.HALF_OPEN)
         return self._state
 
-    @property
-    def consecutive_failures(self) -> int:
-        return self._failures
-
     def retry_in(self) -> float:
         """Seconds until a request may be attempted (0 when :meth:`allow` would say yes
         now, unless a probe is already in flight)."""
@@ -313,7 +309,7 @@ class ListLimiterSettings:
 
 class ListLimiter:
     """Bounds the upstream LIST phase of large fills and relists: an ``asyncio.Semaphore``
-    with visible ``waiting`` and ``active`` counts, taken once a list turns out large
+    taken once a list turns out large
     (``free_bytes``) and given back as soon as its list phase ends::
 
         async with limiter.slot() as slot:
@@ -337,23 +333,7 @@ class ListLimiter:
             raise ValueError("concurrent_lists must be at least 1")
         self._semaphore = asyncio.Semaphore(self.settings.concurrent_lists)
         self._clock = clock
-        self._waiting = 0
-        self._active = 0
         self.progressed_at = clock()
-
-    @property
-    def limit(self) -> int:
-        return self.settings.concurrent_lists
-
-    @property
-    def waiting(self) -> int:
-        """Listers queued for a slot."""
-        return self._waiting
-
-    @property
-    def active(self) -> int:
-        """Listers holding a slot."""
-        return self._active
 
     def progressed(self) -> None:
         """A slot holder made progress (objects arrived, a slot changed hands)."""
@@ -370,16 +350,10 @@ class ListLimiter:
             slot.release()
 
     async def _acquire(self) -> None:
-        self._waiting += 1
-        try:
-            await self._semaphore.acquire()
-        finally:
-            self._waiting -= 1
-        self._active += 1
+        await self._semaphore.acquire()
         self.progressed()
 
     def _release(self) -> None:
-        self._active -= 1
         self._semaphore.release()
         self.progressed()
 

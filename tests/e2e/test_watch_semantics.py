@@ -23,7 +23,7 @@ import pytest
 from loadtest import kubeapi
 from loadtest.cluster import ControlPlane
 from loadtest.sidecar import Sidecar
-from proxy.cache import writing
+from proxy.cache import maintaining
 from tests.e2e.sidebyside import (
     METADATA_LIST,
     METADATA_WATCH,
@@ -156,7 +156,7 @@ def trim_log(db: Path, *, keep: int) -> None:
         (shape_id,) = connection.execute(
             "SELECT id FROM shapes WHERE key = 'v1/configmaps'"
         ).fetchone()
-        trimmed = writing.trim(
+        trimmed = maintaining.trim(
             connection, shape_id=shape_id, max_events=keep, max_age=1e9, max_bytes=1 << 40
         )
         assert trimmed.dropped > 0

@@ -1,14 +1,21 @@
 """``python -m proxy``: the operator's commands are dispatched to ``proxy/operating.py``,
-which the proxy itself never imports (nor the modules only it uses)."""
+which the proxy itself never imports (nor the modules only it uses); the flags' defaults are
+the settings dataclasses'."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from proxy import operating
-from proxy.__main__ import OPERATOR_COMMANDS
+from proxy.__main__ import OPERATOR_COMMANDS, parser, settings_from
+from proxy.app import Settings
+from proxy.cache.store import StoreSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,3 +41,14 @@ def test_the_proxy_does_not_import_the_operator_commands() -> None:
         [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout
     assert out.splitlines() == ["[]", repr(sorted(only_theirs))]
+
+
+def test_every_flags_default_is_its_settings_field(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Defaults live in the settings dataclasses only: the command line without flags or
+    environment builds exactly the default settings."""
+    for name in os.environ:
+        if name.startswith("WARMWATCH_"):
+            monkeypatch.delenv(name)
+    defaults = Settings()
+    expected = dataclasses.replace(defaults, store=StoreSettings(path=defaults.db))
+    assert settings_from(parser().parse_args([])) == expected

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from proxy.cache import reading, writing
+from proxy.cache import reading, relisting
 from proxy.cache.records import ChangeType, change_from_object
 from proxy.cache.shapes import ShapeKey
 from proxy.cache.store import Store, StoreSettings
@@ -28,10 +28,12 @@ async def crashed_during_a_relist(path: Path) -> int:
     await store.finish_list(shape, rv="10", kind="ConfigMap", api_version="v1")
     await store.close()
     connection = sqlite3.connect(path)
-    writing.begin_list(connection, shape_id=shape.id)
+    relisting.begin_list(connection, shape_id=shape.id)
     changes = [change_from_object(ChangeType.ADDED, config_map(f"n{i}", 20)) for i in range(5)]
-    writing.stage(connection, shape_id=shape.id, objects=changes)
-    relist = writing.Relist(shape_id=shape.id, rv="20", kind="ConfigMap", api_version="v1", limit=2)
+    relisting.stage(connection, shape_id=shape.id, objects=changes)
+    relist = relisting.Relist(
+        shape_id=shape.id, rv="20", kind="ConfigMap", api_version="v1", limit=2
+    )
     relist.step(connection)
     relist.step(connection)
     published = connection.execute("SELECT last_seq FROM shapes").fetchone()[0]

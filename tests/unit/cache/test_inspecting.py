@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from proxy.cache import schema
+from proxy.cache.appending import apply_changes
 from proxy.cache.inspecting import (
     InspectError,
     database_files,
@@ -17,7 +18,6 @@ from proxy.cache.inspecting import (
 )
 from proxy.cache.records import Change, ChangeType
 from proxy.cache.shapes import Encoding
-from proxy.cache.writing import apply_changes
 
 
 def test_contents_of_a_shape(db: sqlite3.Connection) -> None:

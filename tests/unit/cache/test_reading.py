@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from proxy.cache import reading, schema, writing
+from proxy.cache import appending, maintaining, reading, schema
 from proxy.cache.reading import LogTrimmed, TooNew
 from proxy.cache.records import Change, ChangeType
 from proxy.kube.status import StatusError
-from tests.unit.cache.test_writing import cm, fill
+from tests.unit.cache.conftest import cm, fill
 
 
 def log(connection: sqlite3.Connection) -> list[tuple[int, str, str]]:
@@ -25,9 +25,9 @@ def history(db: sqlite3.Connection) -> sqlite3.Connection:
     """Filled at 10; events at 11, 12; a relist at 20 (MODIFIED a@15, DELETED b@20);
     then 21 and a bookmark at 25."""
     fill(db, [cm("a", 1), cm("b", 2)], "10")
-    writing.apply_changes(db, shape_id=1, changes=[cm("c", 11), cm("d", 12)])
+    appending.apply_changes(db, shape_id=1, changes=[cm("c", 11), cm("d", 12)])
     fill(db, [cm("a", 15), cm("c", 11), cm("d", 12)], "20")
-    writing.apply_changes(
+    appending.apply_changes(
         db, shape_id=1, changes=[cm("e", 21), Change(type=ChangeType.BOOKMARK, rv="25")]
     )
     return db
@@ -77,7 +77,7 @@ def test_too_old_and_too_new(history: sqlite3.Connection) -> None:
 def test_resource_versions_that_are_not_integers_are_positions(db: sqlite3.Connection) -> None:
     fill(db, [], "x1")
     added = Change(type=ChangeType.ADDED, rv="x2", namespace="a", name="a", raw=b"{}")
-    writing.apply_changes(db, shape_id=1, changes=[added])
+    appending.apply_changes(db, shape_id=1, changes=[added])
     assert at(db, "x1") == 1 and at(db, "x2") == 2
     with pytest.raises(StatusError):
         at(db, "x0")
@@ -87,7 +87,7 @@ def test_events_after_and_a_trimmed_tail(history: sqlite3.Connection) -> None:
     records = reading.events_after(history, shape_id=1, after=5, limit=2, last_seq=8)
     assert [(r.seq, r.type.value) for r in records] == [(6, "BOOKMARK"), (7, "ADDED")]
     assert reading.events_after(history, shape_id=1, after=8, limit=5, last_seq=8) == []
-    writing.trim(history, shape_id=1, max_events=1, max_age=3600, max_bytes=1 << 30)
+    maintaining.trim(history, shape_id=1, max_events=1, max_age=3600, max_bytes=1 << 30)
     with pytest.raises(LogTrimmed):  # entries 3.. are gone: not "nothing new"
         reading.events_after(history, shape_id=1, after=2, limit=5, last_seq=8)
 
@@ -172,7 +172,7 @@ def test_a_snapshot_keeps_its_state_while_the_writer_commits(tmp_path: Path) -> 
     head = reading.begin_snapshot(reader, shape_id=1)
     assert head is not None and head.rv == "20"
     first = reading.object_rows(reader, gen=1, namespace=None, after=None, limit=2)
-    writing.apply_changes(
+    appending.apply_changes(
         writer,
         shape_id=1,
         changes=[cm("o3", 30), replace(cm("o1", 31), type=ChangeType.DELETED), cm("n", 32)],

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from proxy.cache import reading, schema, writing
+from proxy.cache import reading, registering, schema
 from proxy.cache.shapes import Encoding, Shape, ShapeKey
 from proxy.cache.store import Store, StoreSettings
 from proxy.kube.resources import GroupVersionResource
@@ -27,7 +27,7 @@ def empty() -> sqlite3.Connection:
 
 
 def test_a_new_shape_reads_back_as_its_key(empty: sqlite3.Connection) -> None:
-    (row,) = writing.insert_shapes(empty, shapes={PODS: False})
+    (row,) = registering.insert_shapes(empty, shapes={PODS: False})
     shape = Shape.from_row(row, ring_size=8)
     assert shape.key == PODS
     assert (shape.configured, shape.rv, shape.log_start_rv, shape.log.last_seq) == (
@@ -36,12 +36,12 @@ def test_a_new_shape_reads_back_as_its_key(empty: sqlite3.Connection) -> None:
         None,
         0,
     )
-    assert [Shape.from_row(r, ring_size=8).key for r in writing.open_shapes(empty)] == [PODS]
+    assert [Shape.from_row(r, ring_size=8).key for r in registering.open_shapes(empty)] == [PODS]
 
 
 def test_shapes_inserted_together_get_their_own_generations(empty: sqlite3.Connection) -> None:
     everywhere = ShapeKey.of(PODS.gvr)
-    rows = writing.insert_shapes(empty, shapes={PODS: False, everywhere: True})
+    rows = registering.insert_shapes(empty, shapes={PODS: False, everywhere: True})
     shapes = [Shape.from_row(row, ring_size=8) for row in rows]
     assert [(shape.key, shape.configured) for shape in shapes] == [
         (PODS, False),
@@ -52,17 +52,17 @@ def test_shapes_inserted_together_get_their_own_generations(empty: sqlite3.Conne
 
 
 def test_configured_and_usage_are_saved(empty: sqlite3.Connection) -> None:
-    shape_id = writing.insert_shapes(empty, shapes={PODS: False})[0][0]
-    writing.set_configured(empty, shape_id=shape_id)
-    writing.save_usage(empty, used={shape_id: 1234.5})
-    (row,) = writing.open_shapes(empty)
+    shape_id = registering.insert_shapes(empty, shapes={PODS: False})[0][0]
+    registering.set_configured(empty, shape_id=shape_id)
+    registering.save_usage(empty, used={shape_id: 1234.5})
+    (row,) = registering.open_shapes(empty)
     shape = Shape.from_row(row, ring_size=8)
     assert (shape.configured, shape.used_at) == (True, 1234.5)
 
 
 def test_a_discovery_document_is_replaced_whole(empty: sqlite3.Connection) -> None:
-    writing.put_document(empty, key="/api", status=200, headers=b"[]", body=b"{}", etag="")
-    writing.put_document(empty, key="/api", status=200, headers=b"[1]", body=b"{1}", etag="e")
+    registering.put_document(empty, key="/api", status=200, headers=b"[]", body=b"{}", etag="")
+    registering.put_document(empty, key="/api", status=200, headers=b"[1]", body=b"{1}", etag="e")
     assert reading.get_document(empty, key="/api") == (200, b"[1]", b"{1}", "e")
     assert reading.get_document(empty, key="/apis") is None
     assert reading.document_sizes(empty) == [("/api", 3)]
@@ -70,13 +70,13 @@ def test_a_discovery_document_is_replaced_whole(empty: sqlite3.Connection) -> No
 
 def test_evicted_documents_go_in_the_same_transaction(empty: sqlite3.Connection) -> None:
     for key, body in (("/a", b"1"), ("/b", b"22"), ("/c", b"333")):
-        writing.put_document(empty, key=key, status=200, headers=b"[]", body=body, etag="")
+        registering.put_document(empty, key=key, status=200, headers=b"[]", body=body, etag="")
     assert [key for key, _ in reading.document_sizes(empty)] == ["/a", "/b", "/c"]  # oldest first
-    writing.put_document(
+    registering.put_document(
         empty, key="/d", status=200, headers=b"[]", body=b"4444", etag="", evict=["/a", "/b"]
     )
     assert reading.document_sizes(empty) == [("/c", 3), ("/d", 4)]
-    writing.drop_documents(empty, keys=["/c", "/never-stored"])
+    registering.drop_documents(empty, keys=["/c", "/never-stored"])
     assert reading.document_sizes(empty) == [("/d", 4)]
 
 
@@ -87,13 +87,13 @@ async def test_shapes_asked_for_while_the_writer_is_busy_are_inserted_together(
     inserted one after another, each behind a large fill's commits, and took 4 s to learn."""
     store = await Store.open(StoreSettings(path=tmp_path / "c.db"))
     inserts: list[int] = []
-    insert_shapes = writing.insert_shapes
+    insert_shapes = registering.insert_shapes
 
     def counted(connection: sqlite3.Connection, **kwargs: Any) -> Any:
         inserts.append(len(kwargs["shapes"]))
         return insert_shapes(connection, **kwargs)
 
-    monkeypatch.setattr(writing, "insert_shapes", counted)
+    monkeypatch.setattr(registering, "insert_shapes", counted)
     keys = [ShapeKey.of(PODS.gvr, namespace=f"n{i}") for i in range(20)]
     try:
         async with store._write_lock:  # a fill's commit under way
@@ -162,14 +162,14 @@ async def test_a_shape_asked_for_again_while_it_is_being_inserted_is_inserted_on
     store = await Store.open(StoreSettings(path=tmp_path / "c.db"))
     inserting = asyncio.Event()
     resume = threading.Event()
-    insert_shapes = writing.insert_shapes
+    insert_shapes = registering.insert_shapes
 
     def slow(connection: sqlite3.Connection, **kwargs: Any) -> Any:
         inserting.set()
         resume.wait(5)
         return insert_shapes(connection, **kwargs)
 
-    monkeypatch.setattr(writing, "insert_shapes", slow)
+    monkeypatch.setattr(registering, "insert_shapes", slow)
     key = ShapeKey.of(PODS.gvr, namespace="n")
     try:
         first = asyncio.create_task(store.ensure_shape(key, configured=False))

@@ -1,4 +1,4 @@
-"""Retention of the event log by bytes (``shapes.log_bytes``, ``writing.trim``, the store's
+"""Retention of the event log by bytes (``shapes.log_bytes``, ``maintaining.trim``, the store's
 trim after a commit), and the maintenance pass beside shapes being dropped.
 
 Found by a probe against the real apiserver: 150 updates of an 878 KiB ConfigMap grew the
@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from proxy.cache import reading, schema, writing
+from proxy.cache import appending, maintaining, reading, registering, relisting, schema, writing
 from proxy.cache.records import Change, ChangeType
 from proxy.cache.shapes import Shape, ShapeKey
 from proxy.cache.store import Store, StoreSettings
 from proxy.kube.resources import GroupVersionResource
 from proxy.kube.status import StatusError
 from proxy.metrics import Metrics
-from tests.unit.cache.test_writing import cm, fill
+from tests.unit.cache.conftest import cm, fill
 
 CM = GroupVersionResource.parse("v1/configmaps")
 KIB = 1024
@@ -62,26 +62,26 @@ def test_the_log_bytes_follow_every_append_and_delete(db: sqlite3.Connection) ->
     entries deleted, a trim: the column is the sum of its rows after each."""
     fill(db, [cm("a", 1), cm("b", 2)], "10")
     assert log_bytes(db) == summed(db) == 0  # a bookmark holds no object
-    committed = writing.apply_changes(
+    committed = appending.apply_changes(
         db, shape_id=1, changes=[big("a", 11), big("a", 12, labels=b'{"k":"v"}')]
     )
     assert committed.log_bytes == log_bytes(db) == summed(db) > 200 * KIB
     fill(db, [cm("a", 15), cm("c", 16)], "20")  # MODIFIED a, ADDED c, DELETED b: a relist
     assert log_bytes(db) == summed(db)
-    writing.begin_list(db, shape_id=1)  # a relist that is abandoned after one step
-    writing.stage(db, shape_id=1, objects=[big("d", 30)])
-    writing.Relist(shape_id=1, rv="30", kind="ConfigMap", api_version="v1").step(db)
+    relisting.begin_list(db, shape_id=1)  # a relist that is abandoned after one step
+    relisting.stage(db, shape_id=1, objects=[big("d", 30)])
+    relisting.Relist(shape_id=1, rv="30", kind="ConfigMap", api_version="v1").step(db)
     assert log_bytes(db) == summed(db) > committed.log_bytes  # counted, unpublished
-    while writing.drop_unpublished(db, shape_id=1, limit=1):
+    while relisting.drop_unpublished(db, shape_id=1, limit=1):
         pass
     assert log_bytes(db) == summed(db)
-    writing.trim(db, shape_id=1, max_events=2, max_age=3600, max_bytes=1 << 30)
+    maintaining.trim(db, shape_id=1, max_events=2, max_age=3600, max_bytes=1 << 30)
     assert log_bytes(db) == summed(db)
 
 
 def test_a_version_3_database_gets_the_log_bytes_of_its_logs(db: sqlite3.Connection) -> None:
     fill(db, [], "10")
-    writing.apply_changes(db, shape_id=1, changes=[big("a", 11), big("b", 12)])
+    appending.apply_changes(db, shape_id=1, changes=[big("a", 11), big("b", 12)])
     expected = summed(db)
     db.execute("ALTER TABLE shapes DROP COLUMN log_bytes")
     db.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
@@ -91,16 +91,16 @@ def test_a_version_3_database_gets_the_log_bytes_of_its_logs(db: sqlite3.Connect
     assert db.execute("SELECT value FROM meta").fetchone() == (str(schema.SCHEMA_VERSION),)
 
 
-# -- writing.trim by bytes -------------------------------------------------------------------
+# -- maintaining.trim by bytes -------------------------------------------------------------------
 
 
 def test_a_log_over_its_bytes_is_cut_oldest_first(db: sqlite3.Connection) -> None:
     fill(db, [cm("a", 1)], "10")
-    writing.apply_changes(db, shape_id=1, changes=[big("a", rv) for rv in range(11, 31)])
+    appending.apply_changes(db, shape_id=1, changes=[big("a", rv) for rv in range(11, 31)])
     assert summed(db) == 20 * 100 * KIB
-    kept = writing.trim(db, shape_id=1, max_events=1000, max_age=3600, max_bytes=2000 * KIB)
+    kept = maintaining.trim(db, shape_id=1, max_events=1000, max_age=3600, max_bytes=2000 * KIB)
     assert (kept.dropped, kept.reason) == (0, None)  # at the bound, not over it
-    trimmed = writing.trim(db, shape_id=1, max_events=1000, max_age=3600, max_bytes=1000 * KIB)
+    trimmed = maintaining.trim(db, shape_id=1, max_events=1000, max_age=3600, max_bytes=1000 * KIB)
     assert (trimmed.dropped, trimmed.reason, trimmed.log_start_rv) == (11, "bytes", "20")
     assert trimmed.log_bytes == log_bytes(db) == summed(db) == 10 * 100 * KIB
     assert [rv for (rv,) in db.execute("SELECT rv FROM events ORDER BY seq")] == [
@@ -114,12 +114,12 @@ def test_a_log_over_its_bytes_is_cut_oldest_first(db: sqlite3.Connection) -> Non
 
 def test_the_deepest_cut_names_the_reason(db: sqlite3.Connection) -> None:
     fill(db, [cm("a", 1)], "10")
-    writing.apply_changes(db, shape_id=1, changes=[big("a", rv) for rv in range(11, 21)])
-    by_count = writing.trim(db, shape_id=1, max_events=9, max_age=3600, max_bytes=1000 * KIB)
+    appending.apply_changes(db, shape_id=1, changes=[big("a", rv) for rv in range(11, 21)])
+    by_count = maintaining.trim(db, shape_id=1, max_events=9, max_age=3600, max_bytes=1000 * KIB)
     assert (by_count.dropped, by_count.reason) == (2, "count")  # the bookmark and rv 11
-    by_bytes = writing.trim(db, shape_id=1, max_events=8, max_age=3600, max_bytes=700 * KIB)
+    by_bytes = maintaining.trim(db, shape_id=1, max_events=8, max_age=3600, max_bytes=700 * KIB)
     assert (by_bytes.dropped, by_bytes.reason) == (2, "bytes")  # the count would drop one
-    by_age = writing.trim(db, shape_id=1, max_events=8, max_age=-1, max_bytes=700 * KIB)
+    by_age = maintaining.trim(db, shape_id=1, max_events=8, max_age=-1, max_bytes=700 * KIB)
     assert (by_age.dropped, by_age.reason, log_bytes(db)) == (7, "age", 0)
 
 
@@ -131,12 +131,12 @@ def test_a_long_cut_goes_in_slices_that_never_split_a_relist_batch(
     at most in slices of 2,000); a slice ends before a relist batch, which then starts the
     log and goes whole with the next."""
     fill(db, [cm("a", 1), cm("b", 2), cm("c", 3)], "10")  # seq 1: the bookmark at 10
-    writing.apply_changes(db, shape_id=1, changes=[cm(f"n{rv}", rv) for rv in range(11, 16)])
+    appending.apply_changes(db, shape_id=1, changes=[cm(f"n{rv}", rv) for rv in range(11, 16)])
     fill(db, [], "50")  # seq 7-15: eight DELETED and the bookmark at 50, one batch
-    writing.apply_changes(db, shape_id=1, changes=[cm(f"m{rv}", rv) for rv in range(51, 54)])
+    appending.apply_changes(db, shape_id=1, changes=[cm(f"m{rv}", rv) for rv in range(51, 54)])
     slices = []
     while True:
-        trimmed = writing.trim(
+        trimmed = maintaining.trim(
             db, shape_id=1, max_events=1, max_age=3600, max_bytes=1 << 30, limit=4
         )
         slices.append((trimmed.dropped, trimmed.log_start_rv, trimmed.more))
@@ -150,8 +150,8 @@ def test_a_long_cut_goes_in_slices_that_never_split_a_relist_batch(
 def test_one_object_larger_than_the_bound_leaves_an_empty_log(db: sqlite3.Connection) -> None:
     """The newest entry goes too: the log then starts at the shape's RV, which resumes."""
     fill(db, [cm("a", 1)], "10")
-    writing.apply_changes(db, shape_id=1, changes=[big("a", 11, size=300 * KIB)])
-    trimmed = writing.trim(db, shape_id=1, max_events=1000, max_age=3600, max_bytes=100 * KIB)
+    appending.apply_changes(db, shape_id=1, changes=[big("a", 11, size=300 * KIB)])
+    trimmed = maintaining.trim(db, shape_id=1, max_events=1000, max_age=3600, max_bytes=100 * KIB)
     assert (trimmed.dropped, trimmed.log_start_rv, trimmed.log_bytes) == (2, "11", 0)
     assert reading.position(db, shape_id=1, rv="11") == 2  # the shape's RV: after seq 2
 
@@ -160,12 +160,12 @@ def test_a_cut_by_bytes_never_reaches_into_a_relist_in_progress(db: sqlite3.Conn
     """A relist's steps append past ``last_seq`` (counted in ``log_bytes``, unpublished): a
     trim between its steps stops at the published end."""
     fill(db, [cm("a", 1)], "10")
-    writing.apply_changes(db, shape_id=1, changes=[big("a", 11)])
-    writing.begin_list(db, shape_id=1)
-    writing.stage(db, shape_id=1, objects=[big("a", 20, size=500 * KIB)])
-    relist = writing.Relist(shape_id=1, rv="20", kind="ConfigMap", api_version="v1")
+    appending.apply_changes(db, shape_id=1, changes=[big("a", 11)])
+    relisting.begin_list(db, shape_id=1)
+    relisting.stage(db, shape_id=1, objects=[big("a", 20, size=500 * KIB)])
+    relist = relisting.Relist(shape_id=1, rv="20", kind="ConfigMap", api_version="v1")
     assert relist.step(db) is None
-    trimmed = writing.trim(db, shape_id=1, max_events=1000, max_age=3600, max_bytes=200 * KIB)
+    trimmed = maintaining.trim(db, shape_id=1, max_events=1000, max_age=3600, max_bytes=200 * KIB)
     assert trimmed.dropped == 2  # everything published (the bookmark, a@11), nothing past it
     while (published := relist.step(db)) is None:
         pass
@@ -177,11 +177,11 @@ def test_a_cut_by_bytes_never_reaches_into_a_relist_in_progress(db: sqlite3.Conn
 
 
 def test_a_dropped_shape_is_told_apart(db: sqlite3.Connection) -> None:
-    writing.discard_shape(db, shape_id=1)
+    registering.discard_shape(db, shape_id=1)
     with pytest.raises(writing.ShapeGone):
-        writing.trim(db, shape_id=1, max_events=1, max_age=1, max_bytes=1)
+        maintaining.trim(db, shape_id=1, max_events=1, max_age=1, max_bytes=1)
     with pytest.raises(KeyError):  # what callers caught before ShapeGone had a name
-        writing.trim(db, shape_id=1, max_events=1, max_age=1, max_bytes=1)
+        maintaining.trim(db, shape_id=1, max_events=1, max_age=1, max_bytes=1)
 
 
 # -- the store -------------------------------------------------------------------------------

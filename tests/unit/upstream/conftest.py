@@ -9,6 +9,7 @@ what the apiserver would have received (headers, Authorization, peer certificate
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 import sys
 import textwrap
@@ -30,7 +31,22 @@ from proxy.serve.relaying import Offline
 from proxy.upstream.connecting import ConnectionSettings, Upstream, connect
 from proxy.upstream.discovering import CachedDocument, DiscoveryCopies, DiscoverySettings
 from proxy.upstream.forwarding import PassthroughSettings
-from proxy.upstream.resilience import CircuitBreaker
+from proxy.upstream.resilience import CircuitBreaker, ListLimiter
+
+
+async def free_slots(limiter: ListLimiter) -> int:
+    """How many new listers get a slot without waiting (the slots are given back after)."""
+    async with contextlib.AsyncExitStack() as stack:
+        for taken in range(limiter.settings.concurrent_lists + 1):
+            slot = await stack.enter_async_context(limiter.slot())
+            hold = asyncio.create_task(slot.hold())
+            for _ in range(3):
+                await asyncio.sleep(0)
+            if not hold.done():
+                hold.cancel()
+                await asyncio.gather(hold, return_exceptions=True)
+                return taken
+    return limiter.settings.concurrent_lists + 1
 
 
 async def eventually(condition: Callable[[], object], *, timeout: float = 10) -> None:

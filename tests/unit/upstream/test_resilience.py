@@ -19,6 +19,7 @@ from proxy.upstream.resilience import (
     RateBuckets,
     choose_delay,
 )
+from tests.unit.upstream.conftest import free_slots
 
 
 class Clock:
@@ -198,7 +199,6 @@ def test_breaker_half_open_lets_one_probe_through() -> None:
     breaker.record_success()
     assert breaker.state is BreakerState.CLOSED
     assert gauge(metrics) == 0
-    assert breaker.consecutive_failures == 0
     assert breaker.allow()
     assert breaker.allow()
 
@@ -258,9 +258,9 @@ def test_breaker_targets_are_separate_series() -> None:
 # ------------------------------------------------------------------------- list limiter
 
 
-async def test_list_limiter_counts_waiters() -> None:
+async def test_list_limiter_admits_a_bounded_number_of_listers() -> None:
     limiter = ListLimiter(ListLimiterSettings(concurrent_lists=2))
-    assert limiter.limit == 2
+    assert await free_slots(limiter) == 2
     release = asyncio.Event()
     inside: list[int] = []
 
@@ -273,34 +273,31 @@ async def test_list_limiter_counts_waiters() -> None:
     tasks = [asyncio.create_task(lister(n), name=f"lister {n}") for n in range(5)]
     for _ in range(5):
         await asyncio.sleep(0)
-    assert limiter.active == 2
-    assert limiter.waiting == 3
-    assert len(inside) == 2
+    assert len(inside) == 2  # three wait
+    assert await free_slots(limiter) == 0
     release.set()
     await asyncio.gather(*tasks)
     assert sorted(inside) == [0, 1, 2, 3, 4]
-    assert limiter.active == 0
-    assert limiter.waiting == 0
+    assert await free_slots(limiter) == 2
 
 
-async def test_list_limiter_cancelled_waiter_is_not_counted() -> None:
+async def test_list_limiter_cancelled_waiter_takes_no_slot() -> None:
     limiter = ListLimiter(ListLimiterSettings(concurrent_lists=1))
     async with limiter.slot() as held:
         await held.hold()
         waiter = asyncio.create_task(_hold(limiter), name="waiter")
         await asyncio.sleep(0)
-        assert limiter.waiting == 1
         waiter.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiter
-        assert limiter.waiting == 0
-    assert limiter.active == 0
+        assert await free_slots(limiter) == 0
+    assert await free_slots(limiter) == 1
     async with limiter.slot() as slot:
-        assert limiter.active == 0  # a slot is free until held
+        assert await free_slots(limiter) == 1  # a slot is free until held
         await slot.hold()
         await slot.hold()  # once
-        assert limiter.active == 1
-    assert limiter.active == 0
+        assert await free_slots(limiter) == 0
+    assert await free_slots(limiter) == 1
 
 
 async def test_a_slot_given_back_early_admits_the_next_lister_once() -> None:
@@ -308,29 +305,31 @@ async def test_a_slot_given_back_early_admits_the_next_lister_once() -> None:
     without one, and leaving the block later does not release a second time."""
     clock = Clock()
     limiter = ListLimiter(ListLimiterSettings(concurrent_lists=1), clock=clock)
+    holding = asyncio.Event()
     async with limiter.slot() as slot:
         await slot.hold()
         clock.advance(5)
         slot.progress()
         assert limiter.progressed_at == 1005
-        queued = asyncio.create_task(_hold(limiter), name="queued")
+        queued = asyncio.create_task(_hold(limiter, holding=holding), name="queued")
         await asyncio.sleep(0)
-        assert limiter.waiting == 1
+        assert not holding.is_set()
         slot.release()
         assert not slot.held and slot.released
-        await asyncio.sleep(0)
-        assert limiter.active == 1 and limiter.waiting == 0  # the queued lister got it
+        await asyncio.wait_for(holding.wait(), 1)  # the queued lister got it
         slot.release()  # idempotent
-        assert limiter.active == 1
-    assert limiter.active == 1  # leaving the released block gave nothing back twice
+        assert await free_slots(limiter) == 0
+    assert await free_slots(limiter) == 0  # leaving the released block gave nothing back twice
     queued.cancel()
     await asyncio.gather(queued, return_exceptions=True)
-    assert limiter.active == 0
+    assert await free_slots(limiter) == 1
 
 
-async def _hold(limiter: ListLimiter) -> None:
+async def _hold(limiter: ListLimiter, *, holding: asyncio.Event | None = None) -> None:
     async with limiter.slot() as slot:
         await slot.hold()
+        if holding is not None:
+            holding.set()
         await asyncio.Event().wait()
 
 

@@ -35,6 +35,7 @@ from proxy.upstream.resilience import (
     CircuitBreaker,
     ListLimiter,
     ListLimiterSettings,
+    ListSlot,
 )
 from proxy.upstream.syncing import Syncer, SyncSettings
 from tests.unit.upstream.conftest import eventually, token_kubeconfig
@@ -183,30 +184,41 @@ async def world(tmp_path: Path) -> AsyncIterator[tuple[Apiserver, Store, Metrics
     await runner.cleanup()
 
 
-async def test_watchlists_found_large_pause_until_a_slot_is_free(world: Any) -> None:
+async def test_watchlists_found_large_pause_until_a_slot_is_free(
+    world: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A WatchList that has received ``free_bytes`` stops reading until it holds a slot (its
     stream waits in TCP); each such fill still completes, one at a time with one slot."""
     _, store, _, make = world
     syncer = await make(limit=1, free_bytes=1)
+    holders: list[ListSlot] = []
     active: list[int] = []
     waiting: list[int] = []
+    hold, release = ListSlot.hold, ListSlot.release
 
-    async def sample() -> None:
-        while True:
-            active.append(syncer.limiter.active)
-            waiting.append(syncer.limiter.waiting)
-            await asyncio.sleep(0.005)
+    async def counted_hold(slot: ListSlot) -> None:
+        waiting.append(waiting[-1] + 1 if waiting else 1)
+        try:
+            await hold(slot)
+        finally:
+            waiting.append(waiting[-1] - 1)
+        if slot.held and slot not in holders:
+            holders.append(slot)
+            active.append(len(holders))
 
-    sampler = asyncio.create_task(sample())
-    try:
-        shapes = [await syncer.learn(key(f"n{i}")) for i in range(5)]
-        filled = await asyncio.wait_for(
-            asyncio.gather(*(syncer.wait_filled(shape) for shape in shapes if shape)), 10
-        )
-    finally:
-        sampler.cancel()
+    def counted_release(slot: ListSlot) -> None:
+        release(slot)
+        if slot in holders:
+            holders.remove(slot)
+
+    monkeypatch.setattr(ListSlot, "hold", counted_hold)
+    monkeypatch.setattr(ListSlot, "release", counted_release)
+    shapes = [await syncer.learn(key(f"n{i}")) for i in range(5)]
+    filled = await asyncio.wait_for(
+        asyncio.gather(*(syncer.wait_filled(shape) for shape in shapes if shape)), 10
+    )
     assert filled == [True] * 5
-    assert max(active) == 1 and max(waiting) >= 1  # the pause happened, one list at a time
+    assert max(active) == 1 and max(waiting) >= 2  # the pause happened, one list at a time
     for shape in shapes:
         assert shape is not None
         async with store.snapshot(shape) as snapshot:

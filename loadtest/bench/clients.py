@@ -1,0 +1,628 @@
+"""Client kinds on fast and slow links (``--clients``)::
+
+    python -m loadtest.bench --clients --dir /tmp/warmwatch-bench-clients \\
+        [--sizes 10000,100000] [--kb 2] [--runs 1] [--out FILE] \\
+        [--link-latency-ms 25] [--link-jitter-ms 0] [--link-kb 5000] \\
+        [--warmwatch-only-from N]
+
+Time-to-synced of four client-go clients (tests/goclient), one informer each on ConfigMaps of
+~KB KiB of incompressible data (base64 of random bytes, which gzip shrinks only to ~75%: the
+apiserver gzips large LISTs and watch streams for client-go, which accepts gzip, so repetitive
+data would hide the link) in one namespace, N objects for each N in --sizes
+(cumulative). The kinds: dynamic informer, JSON (``--mode informer``); typed informer, JSON
+(``--mode typed --json``: client-go 1.37's typed clients default to protobuf); typed informer,
+protobuf (``--mode typed --protobuf``, kube-controller-manager's content types); metadata
+informer, protobuf (``--mode metadata --protobuf``); and kube-controller-manager's informer set
+(kube-controller-manager v1.37.2 itself with loadtest.controllers.TEST_CONTROLLERS: about 60
+collections in protobuf, the N ConfigMaps among them, in full for its root-CA publisher and as
+metadata for its garbage collector; synced = every informer and monitor synced, from its log).
+Each under four conditions, side by side in one run, in this order for each kind (every other
+run in reverse, with 2 s of quiet before each measurement, so that no condition always
+follows the same one):
+
+- (a) directly against the local apiserver, idle (the control plane's own
+  kube-controller-manager is paused);
+- (b) through a warm warmwatch: started with the collection configured in JSON and in
+  protobuf (``--resource ...;protobuf``) and filled before any client; each kind runs once
+  through it unmeasured, so the measured run is the client's restart (the warm-restart case);
+- (c) directly against the apiserver through toxiproxy (loadtest/toxiproxy.py): a link of
+  2 x --link-latency-ms RTT (a latency toxic of --link-latency-ms +/- --link-jitter-ms in each
+  direction) and --link-kb KB/s (1 KB = 1000 bytes; 5000 KB/s = 40 Mbit/s; a bandwidth toxic
+  in each direction; toxiproxy limits each TCP connection separately);
+- (d) through a warm warmwatch whose upstream kubeconfig points through that same link
+  (filled through it beforehand, primed like (b)).
+
+With ``--warmwatch-only-from N``, sizes of N and more measure (b) and (d) only (the
+apiserver's own LIST of a million objects takes minutes, over the link an hour), and the
+link warmwatch starts on a copy of the local one's database, taken after every kind's first
+start (filling it over the link would take as long); it resumes its watches from the copy's
+resourceVersions over the link, like any warm restart.
+
+"Time-to-synced" is seconds from starting the program until its informer reports synced
+(discovery, LIST or WatchList, decoding: everything a restarted controller waits for);
+the median of --runs. Around each measurement through warmwatch its metrics are read: more
+passed-through requests than the client's one discovery request (kube-controller-manager writes
+and is not checked) mean its LIST or WATCH went
+to the apiserver instead of the cache (initial events of a WatchList are not counted in
+``warmwatch_events_out_total``, so passthrough is the signal); upstream relists and failed
+passthroughs are noted too. Before the runs each warmwatch is asked a one-object LIST and
+WatchList with each kind's Accept header to see which encoding it answers. Anything odd goes to the notes under the table. Prints one
+markdown table (with its conditions and notes) to stdout, and to --out FILE; progress goes to
+stderr. Warmwatch logs sit next to their databases in DIR (``ww-*.log``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import http.client
+import math
+import os
+import shutil
+import statistics
+import time
+import urllib.parse
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from loadtest import charting, controllers, goclient, kubeapi, toxiproxy
+from loadtest.bench import say, scan_log
+from loadtest.cluster import ControlPlane
+from loadtest.sidecar import Sidecar
+
+CLIENTS_NAMESPACE = "bench-clients"
+
+
+CLIENTS_PATH = f"/api/v1/namespaces/{CLIENTS_NAMESPACE}/configmaps"
+
+
+CLIENTS_RESOURCE = f"v1/configmaps@{CLIENTS_NAMESPACE}"
+
+
+CLIENTS_SHAPES = (CLIENTS_RESOURCE, f"{CLIENTS_RESOURCE};protobuf")
+"""What each warmwatch caches from the start: the collection for JSON and for protobuf
+clients."""
+
+
+SYNC_TIMEOUT = 1800.0
+
+
+FIRST_START_ATTEMPTS = 10
+
+
+PROTOBUF = "application/vnd.kubernetes.protobuf"
+
+
+_METADATA_ACCEPT = (
+    f"{PROTOBUF};as={{kind}};g=meta.k8s.io;v=v1,"
+    "application/json;as={kind};g=meta.k8s.io;v=v1,application/json"
+)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ClientKind:
+    label: str
+    mode: str
+    protobuf: bool
+    """``--protobuf`` (GoClient.start's ``protobuf``): it prefers protobuf, and warmwatch
+    should answer it in protobuf."""
+    list_accept: str
+    watch_accept: str
+    """The Accept headers client-go sends for it (tests/goclient/typed_test.go)."""
+    extra: tuple[str, ...] = ()
+    """More goclient flags."""
+
+    @property
+    def is_controller_manager(self) -> bool:
+        return self.mode == CONTROLLER_MANAGER
+
+
+CONTROLLER_MANAGER = "controller-manager"
+"""Not the goclient: kube-controller-manager v1.37.2 itself with the test controller set
+(loadtest.controllers.TEST_CONTROLLERS: about 60 collections in protobuf, its garbage
+collector's metadata informers included, which list the N ConfigMaps), time from process
+start until every informer and monitor is synced."""
+
+
+CLIENT_KINDS = (
+    ClientKind(
+        label="dynamic informer, JSON",
+        mode="informer",
+        protobuf=False,
+        list_accept="application/json",
+        watch_accept="application/json",
+    ),
+    ClientKind(
+        label="typed informer, JSON",
+        mode="typed",
+        protobuf=False,
+        extra=("--json",),
+        list_accept="application/json, */*",
+        watch_accept="application/json, */*",
+    ),
+    ClientKind(
+        label="typed informer, protobuf",
+        mode="typed",
+        protobuf=True,
+        list_accept=f"{PROTOBUF},application/json",
+        watch_accept=f"{PROTOBUF},application/json",
+    ),
+    ClientKind(
+        label="metadata informer, protobuf",
+        mode="metadata",
+        protobuf=True,
+        list_accept=_METADATA_ACCEPT.format(kind="PartialObjectMetadataList"),
+        watch_accept=_METADATA_ACCEPT.format(kind="PartialObjectMetadata"),
+    ),
+    ClientKind(
+        label="kube-controller-manager's informer set",
+        mode=CONTROLLER_MANAGER,
+        protobuf=True,
+        list_accept="",
+        watch_accept="",
+    ),
+)
+
+
+SETTLE = 2.0
+"""Seconds of quiet before each measured sync (``ClientsBench.run_size``)."""
+
+
+CONDITIONS = {
+    "a": "apiserver",
+    "b": "warm warmwatch",
+    "c": "apiserver over the link",
+    "d": "warm warmwatch over the link",
+}
+
+
+def random_configmap(name: str, *, kb: int) -> dict[str, Any]:
+    """A ConfigMap of ``kb`` KiB of base64 of random bytes (gzip saves only its 25%)."""
+    body = kubeapi.configmap(name=name, namespace=CLIENTS_NAMESPACE)
+    body["data"] = {"payload": base64.b64encode(os.urandom(kb * 1024 * 3 // 4)).decode()}
+    return body
+
+
+async def _count(api: kubeapi.RawClient) -> int:
+    page = await api.get(CLIENTS_PATH, limit="1")
+    return len(page["items"]) + int(page["metadata"].get("remainingItemCount") or 0)
+
+
+async def grow_random(plane: ControlPlane, *, to: int, kb: int) -> None:
+    """Create ConfigMaps of random data (64 at a time) until the namespace holds ``to``."""
+    async with kubeapi.RawClient(
+        base_url=plane.server,
+        concurrency=64,
+        ssl_context=kubeapi.client_ssl(plane.pki, identity="admin"),
+    ) as api:
+        await kubeapi.ensure_namespace(api, CLIENTS_NAMESPACE)
+        have = await _count(api)
+        index, started, before = have, time.monotonic(), have
+        while have < to:
+            end = index + min(to - have, 5000)
+            await api.gather(
+                api.ensure(CLIENTS_PATH, random_configmap(f"cm-{i:07d}", kb=kb))
+                for i in range(index, end)
+            )
+            index = end
+            have = await _count(api)
+            rate = (have - before) / (time.monotonic() - started)
+            say(f"  {have} of {to} ConfigMaps ({rate:.0f}/s)")
+
+
+DISCOVERY_REQUESTS = 1
+"""Requests a goclient start passes through warmwatch besides its list and watch (its
+discovery check). More during a run mean its LIST or WATCH went to the apiserver instead of
+the cache, or retries. (Initial events of a WatchList are not counted in
+warmwatch_events_out_total, so passthrough is the signal.)"""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Served:
+    """A warmwatch's counters: what it served from its cache, what it passed through."""
+
+    events_out: float
+    list_bytes: float
+    passthrough: dict[str, float]
+    """By ``verb code``."""
+    relists: float
+
+    @classmethod
+    def read(cls, sidecar: Sidecar) -> Served:
+        text = sidecar.metrics()
+        passthrough: dict[str, float] = {}
+        for labels, value in _samples(text, "warmwatch_passthrough_requests_total"):
+            key = f"{labels.get('verb')} {labels.get('code')}"
+            passthrough[key] = passthrough.get(key, 0.0) + value
+        return cls(
+            events_out=sum(v for _, v in _samples(text, "warmwatch_events_out_total")),
+            list_bytes=sum(
+                v
+                for labels, v in _samples(text, "warmwatch_list_bytes_total")
+                if labels.get("source") == "cache"
+            ),
+            passthrough=passthrough,
+            relists=sum(v for _, v in _samples(text, "warmwatch_upstream_relists_total")),
+        )
+
+    def since(self, before: Served) -> Served:
+        return Served(
+            events_out=self.events_out - before.events_out,
+            list_bytes=self.list_bytes - before.list_bytes,
+            passthrough={
+                k: v - before.passthrough.get(k, 0.0)
+                for k, v in self.passthrough.items()
+                if v - before.passthrough.get(k, 0.0)
+            },
+            relists=self.relists - before.relists,
+        )
+
+    def describe(self) -> str:
+        passed = ", ".join(f"{k}: {v:.0f}" for k, v in sorted(self.passthrough.items()))
+        parts = [f"passed through: {passed or 'nothing'}"]
+        if self.events_out:
+            parts.append(f"watch events out {self.events_out:.0f}")
+        if self.list_bytes:
+            parts.append(f"LIST bytes from the cache {self.list_bytes:.0f}")
+        if self.relists:
+            parts.append(f"upstream relists {self.relists:.0f}")
+        return ", ".join(parts)
+
+
+def _samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
+    found = []
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        series, _, value = line.rpartition(" ")
+        metric, _, label_text = series.partition("{")
+        if metric != name:
+            continue
+        labels = dict(
+            part.split("=", 1) for part in label_text.rstrip("}").split(",") if "=" in part
+        )
+        found.append(({k: v.strip('"') for k, v in labels.items()}, float(value)))
+    return found
+
+
+def probe_encoding(sidecar: Sidecar, *, accept: str, watch: bool) -> tuple[int, str]:
+    """Status and Content-Type of a one-object LIST (or WatchList, 1 s) asked of ``sidecar``
+    with ``accept``; the body is read to its end."""
+    query = {"fieldSelector": "metadata.name=cm-0000000"}
+    if watch:
+        query |= {
+            "watch": "true",
+            "sendInitialEvents": "true",
+            "resourceVersionMatch": "NotOlderThan",
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": "1",
+        }
+    connection = http.client.HTTPConnection("127.0.0.1", sidecar.port, timeout=30)
+    try:
+        connection.request(
+            "GET", f"{CLIENTS_PATH}?{urllib.parse.urlencode(query)}", headers={"Accept": accept}
+        )
+        answer = connection.getresponse()
+        answer.read()
+        return answer.status, answer.getheader("Content-Type") or ""
+    finally:
+        connection.close()
+
+
+@dataclass
+class ClientsBench:
+    plane: ControlPlane
+    directory: Path
+    binary: Path
+    link: toxiproxy.Link
+    samples: dict[tuple[str, int, str], list[float]] = field(default_factory=dict)
+    fills: dict[tuple[int, str], float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    watch_list: set[str] = field(default_factory=set)
+    started_managers: int = 0
+    warmwatch_only_from: float = math.inf
+    """Sizes from this on measure (b) and (d) only (``--warmwatch-only-from``)."""
+
+    def note(self, message: str) -> None:
+        if message not in self.notes:
+            self.notes.append(message)
+        say(f"NOTE: {message}")
+
+    def sync(self, kind: ClientKind, kubeconfig: Path, *, expect: int, what: str) -> float:
+        """Seconds from starting the client until its informer synced (NaN when it failed)."""
+        if kind.is_controller_manager:
+            return self.sync_controller_manager(kubeconfig, what=f"{what}, N={expect}")
+        started = time.monotonic()
+        client = goclient.GoClient.start(
+            self.binary,
+            kubeconfig=kubeconfig,
+            resources=[CLIENTS_RESOURCE],
+            mode=kind.mode,
+            protobuf=kind.protobuf,
+            extra=[*kind.extra, "--no-items"],
+        )
+        try:
+            synced = client.wait_synced(timeout=SYNC_TIMEOUT)[0]
+            seconds = time.monotonic() - started
+            start = client.start_line()
+        except (RuntimeError, TimeoutError) as error:
+            self.note(f"{kind.label}, {what}, N={expect}: failed: {error}")
+            return float("nan")
+        finally:
+            client.stop()
+        self.watch_list.add(str(start.get("watchList")).lower())
+        if bool(start.get("protobuf")) != kind.protobuf or bool(start.get("json")) != (
+            "--json" in kind.extra
+        ):
+            self.note(f"{kind.label}: the client's start line does not show its flags: {start}")
+        if synced["count"] != expect:
+            self.note(f"{kind.label}, {what}: synced {synced['count']} objects, expected {expect}")
+        return seconds
+
+    def sync_controller_manager(self, kubeconfig: Path, *, what: str) -> float:
+        self.started_managers += 1
+        label = what.split(")")[0].strip("(")
+        manager = controllers.ControllerManager.start(
+            binaries=Path(self.plane.state().binaries),
+            kubeconfig=kubeconfig,
+            service_account_key=self.plane.pki.service_account_key,
+            root_ca=self.plane.pki.ca_cert,
+            log=self.directory / "logs" / f"kcm-{self.started_managers:03d}-{label}.log",
+        )
+        try:
+            return manager.wait_synced(SYNC_TIMEOUT)
+        except (RuntimeError, TimeoutError, controllers.NotSynced) as error:
+            # Its garbage collector gives up after 30 s, e.g. on its first start through a
+            # warmwatch that fills every collection it asks for (not a measured run).
+            self.note(f"kube-controller-manager, {what}: failed: {str(error)[:300]}")
+            return float("nan")
+        finally:
+            manager.stop()
+
+    def measure(
+        self,
+        kind: ClientKind,
+        condition: str,
+        kubeconfig: Path,
+        *,
+        size: int,
+        sidecar: Sidecar | None = None,
+        record: bool = True,
+    ) -> float:
+        """Seconds to synced (NaN: it failed), recorded as a sample unless ``record`` is
+        False."""
+        what = f"({condition}) {CONDITIONS[condition]}" + ("" if record else ", first start")
+        before = Served.read(sidecar) if sidecar else None
+        seconds = self.sync(kind, kubeconfig, expect=size, what=what)
+        detail = ""
+        if sidecar is not None and before is not None:
+            served = Served.read(sidecar).since(before)
+            detail = f"; {served.describe()}"
+            too_many = sum(served.passthrough.values()) > DISCOVERY_REQUESTS
+            if too_many and not kind.is_controller_manager:  # it writes and discovers a lot
+                self.note(
+                    f"{kind.label}, {what}, N={size}: more requests passed through than "
+                    f"discovery ({served.describe()})"
+                )
+            failed = {k: v for k, v in served.passthrough.items() if k.split()[-1][0] in "5e"}
+            if failed:
+                self.note(f"{kind.label}, {what}, N={size}: passthrough failures {failed}")
+            if served.relists:
+                self.note(f"{kind.label}, {what}, N={size}: warmwatch relisted upstream")
+        say(f"{kind.label}, {what}, N={size}: synced in {seconds:.2f} s{detail}")
+        if record:
+            self.samples.setdefault((kind.label, size, condition), []).append(seconds)
+        return seconds
+
+    def probe(self, sidecar: Sidecar, condition: str) -> None:
+        before = Served.read(sidecar)
+        for kind in CLIENT_KINDS:
+            if kind.is_controller_manager:
+                continue
+            for watch in (False, True):
+                verb = "WatchList" if watch else "LIST"
+                accept = kind.watch_accept if watch else kind.list_accept
+                try:
+                    status, content_type = probe_encoding(sidecar, accept=accept, watch=watch)
+                except OSError as error:
+                    self.note(f"probe ({condition}) {kind.label} {verb}: {error}")
+                    continue
+                wanted = PROTOBUF if kind.protobuf else "application/json"
+                say(f"probe ({condition}) {kind.label} {verb}: {status} {content_type}")
+                if status != 200 or not content_type.startswith(wanted):
+                    self.note(
+                        f"({condition}) {kind.label}: a one-object {verb} with its Accept "
+                        f"header was answered {status} {content_type!r}, expected {wanted}"
+                    )
+        served = Served.read(sidecar).since(before)
+        if served.passthrough:
+            self.note(f"({condition}) probes passed through: {served.describe()}")
+
+    def start_sidecar(
+        self, name: str, *, upstream: Path, size: int, copy_of: Sidecar | None = None
+    ) -> Sidecar:
+        """A warmwatch filled before any client: from scratch, or (``copy_of``, stopped)
+        started on a copy of that one's database."""
+        db = self.directory / f"ww-{name}-{size}.db"
+        for stale in self.directory.glob(f"ww-{name}-{size}.*"):
+            stale.unlink()
+        started = time.monotonic()
+        if copy_of is not None:
+            for part in self.directory.glob(f"{copy_of.db.name}*"):  # the file, its WAL
+                shutil.copyfile(part, db.with_name(db.name + part.name[len(copy_of.db.name) :]))
+        sidecar = Sidecar.start(upstream_kubeconfig=upstream, db=db, resources=CLIENTS_SHAPES)
+        self.fills[(size, name)] = time.monotonic() - started
+        how = f"started on a copy of {copy_of.db.name} in" if copy_of else "filled"
+        say(
+            f"warmwatch {name}: {how} {size} objects twice (JSON, protobuf) in "
+            f"{self.fills[(size, name)]:.1f} s; log {sidecar.log}"
+        )
+        return sidecar
+
+    def run_size(self, size: int, *, runs: int, link_kubeconfig: Path) -> None:
+        direct = self.plane.admin_kubeconfig
+        only_warmwatch = size >= self.warmwatch_only_from
+        conditions = "bd" if only_warmwatch else "abcd"
+        local = self.start_sidecar("local", upstream=direct, size=size)
+        if only_warmwatch:
+            try:  # the clients' first start, before the copy: it holds what they learned
+                for kind in CLIENT_KINDS:
+                    # Until it syncs: kube-controller-manager's garbage collector gives up
+                    # after 30 s while warmwatch still fills what it learned from it.
+                    for _ in range(FIRST_START_ATTEMPTS):
+                        seconds = self.measure(
+                            kind, "b", local.kubeconfig, size=size, sidecar=local, record=False
+                        )
+                        if seconds == seconds:
+                            break
+            finally:
+                local.stop()
+            slow = self.start_sidecar("link", upstream=link_kubeconfig, size=size, copy_of=local)
+            local.restart()
+        else:
+            try:
+                slow = self.start_sidecar("link", upstream=link_kubeconfig, size=size)
+            except BaseException:
+                local.stop()
+                raise
+        kubeconfigs = {
+            "a": direct,
+            "b": local.kubeconfig,
+            "c": link_kubeconfig,
+            "d": slow.kubeconfig,
+        }
+        sidecars = {"b": local, "d": slow}
+        try:
+            self.probe(local, "b")
+            self.probe(slow, "d")
+            if not only_warmwatch:
+                for kind in CLIENT_KINDS:  # the clients' first start: measured are restarts
+                    for condition in "bd":
+                        self.measure(
+                            kind,
+                            condition,
+                            kubeconfigs[condition],
+                            size=size,
+                            sidecar=sidecars[condition],
+                            record=False,
+                        )
+            for run in range(1, runs + 1):
+                say(f"N={size}: run {run} of {runs}")
+                for kind in CLIENT_KINDS:
+                    # Every other run in reverse, and a pause before each: a condition must
+                    # not inherit the previous one's aftermath (the apiserver freeing a
+                    # 100,000-object answer it sent over the link, toxiproxy draining).
+                    for condition in conditions if run % 2 else conditions[::-1]:
+                        time.sleep(SETTLE)
+                        self.measure(
+                            kind,
+                            condition,
+                            kubeconfigs[condition],
+                            size=size,
+                            sidecar=sidecars.get(condition),
+                        )
+        finally:
+            local.stop()
+            slow.stop()
+        for sidecar in (local, slow):
+            odd = scan_log(sidecar.log)
+            if odd:
+                self.note(
+                    f"{sidecar.log.name}: {len(odd)} warning/error lines, e.g. "
+                    + " | ".join(line[:300] for line in odd[:3])
+                )
+
+    def table(self, *, sizes: Sequence[int], runs: int, kb: int) -> list[str]:
+        def median(label: str, size: int, condition: str) -> float:
+            values = [v for v in self.samples.get((label, size, condition), []) if v == v]
+            return statistics.median(values) if values else float("nan")
+
+        def ratio(x: float, y: float) -> str:
+            return f"{x / y:.2f}x" if x == x and y == y and y > 0 else "n/a"
+
+        def seconds(value: float) -> str:
+            return f"{value:.2f}" if value == value else "—"
+
+        fills = "; ".join(
+            f"N={size:,}: {self.fills[(size, 'local')]:.0f} s local, "
+            + (
+                f"{self.fills[(size, 'link')]:.0f} s on a copy of it"
+                if size >= self.warmwatch_only_from
+                else f"{self.fills[(size, 'link')]:.0f} s over the link"
+            )
+            for size in sizes
+            if (size, "local") in self.fills and (size, "link") in self.fills
+        )
+        lines = [
+            f"Client-go time-to-synced, seconds (median of {runs}): one informer on N "
+            f"ConfigMaps of {kb} KiB of random data in one namespace. (a) the local apiserver; "
+            "(b) a warm warmwatch, the client restarted; (c) the apiserver over a link of "
+            f"{self.link.describe()} (toxiproxy); (d) a warm warmwatch whose upstream is that "
+            f"link. client-go WatchList: {', '.join(sorted(self.watch_list)) or '?'}. "
+            f"warmwatch fill (JSON and protobuf shapes, before any client): {fills or 'n/a'}.",
+            "",
+            "| client | objects | (a) apiserver s | (b) warm warmwatch s | (c) apiserver over "
+            "link s | (d) warm warmwatch over link s | b/a | d/b | c/d |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for size in sizes:
+            for kind in CLIENT_KINDS:
+                a, b, c, d = (median(kind.label, size, x) for x in CONDITIONS)
+                lines.append(
+                    f"| {kind.label} | {size:,} | {seconds(a)} | {seconds(b)} | {seconds(c)} | "
+                    f"{seconds(d)} | {ratio(b, a)} | {ratio(d, b)} | {ratio(c, d)} |"
+                )
+        if self.notes:
+            lines += ["", "Notes:", *(f"- {note}" for note in self.notes)]
+        return lines
+
+
+def clients_main(args: argparse.Namespace) -> int:
+    sizes = [int(s) for s in (args.sizes or "10000,100000").split(",")]
+    args.dir.mkdir(parents=True, exist_ok=True)
+    directory = args.dir.resolve()
+    plane = ControlPlane(directory / "cp")
+    plane.up()
+    plane.stop_controller_manager()  # (a) is the idle apiserver
+    binary = goclient.build()
+    link = toxiproxy.Link(
+        latency_ms=args.link_latency_ms, jitter_ms=args.link_jitter_ms, rate_kb=args.link_kb
+    )
+    bench = ClientsBench(
+        plane=plane,
+        directory=directory,
+        binary=binary,
+        link=link,
+        warmwatch_only_from=args.warmwatch_only_from or math.inf,
+    )
+    server = toxiproxy.Toxiproxy.start(log=directory / "toxiproxy.log")
+    try:
+        proxy = server.create_proxy(
+            "apiserver", upstream=f"127.0.0.1:{plane.state().apiserver_port}"
+        )
+        link.apply(proxy)
+        link_kubeconfig = toxiproxy.kubeconfig_through(
+            proxy, pki=plane.pki, identity="admin", path=directory / "link.kubeconfig"
+        )
+        say(f"link: 127.0.0.1:{proxy.port} -> {proxy.upstream}, {link.describe()}")
+        for size in sizes:
+            say(f"growing to {size} ConfigMaps of {args.kb} KiB of random data ...")
+            asyncio.run(grow_random(plane, to=size, kb=args.kb))
+            bench.run_size(size, runs=args.runs, link_kubeconfig=link_kubeconfig)
+    finally:
+        server.stop()
+        if args.keep:
+            plane.start_controller_manager()
+        else:
+            plane.down()
+            shutil.rmtree(directory / "cp", ignore_errors=True)
+    text = "\n".join(bench.table(sizes=sizes, runs=args.runs, kb=args.kb))
+    if args.chart:
+        charting.draw(args.chart, synced=bench.samples, title="Time to synced per client kind")
+    print(f"\n{text}")
+    if args.out:
+        args.out.write_text(text + "\n")
+    return 0
