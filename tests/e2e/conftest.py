@@ -151,8 +151,9 @@ def start_goclient(goclient_binary: Path) -> Iterator[Callable[..., goclient.GoC
 
 @pytest.fixture
 def start_sidecar(plane: ControlPlane, tmp_path: Path) -> Iterator[Callable[..., Sidecar]]:
-    """Start warmwatch processes against the control plane (admin identity upstream); all are
-    stopped at the end of the test. Each gets its own database unless ``db`` is given."""
+    """Start warmwatch processes against the control plane (admin identity upstream; through
+    ``upstream``, a kubeconfig, when given); all are stopped at the end of the test. Each gets
+    its own database unless ``db`` is given."""
     started: list[Sidecar] = []
 
     def start(
@@ -161,9 +162,10 @@ def start_sidecar(plane: ControlPlane, tmp_path: Path) -> Iterator[Callable[...,
         db: Path | None = None,
         extra: Sequence[str] = (),
         wait_ready: bool = True,
+        upstream: Path | None = None,
     ) -> Sidecar:
         sidecar = Sidecar.start(
-            upstream_kubeconfig=plane.admin_kubeconfig,
+            upstream_kubeconfig=upstream or plane.admin_kubeconfig,
             db=db or tmp_path / f"warmwatch-{len(started)}.db",
             resources=resources,
             extra=extra,
