@@ -5,9 +5,11 @@ containerd and a kubelet, loadtest/node.py), so that stopping its apiserver and 
 kube-controller-manager controllers pods need disturb no other test; ~15 s, plus the image
 builds (cached: ~25 s when only the code changed). It builds ``localhost/warmwatch:dev``
 (``make image``) and the controller-runtime manager of tests/crmanager as a scratch image,
-loads both into the node, and deploys ``tests/node/machine`` — the manager's StatefulSet with
-the component, and only what the test machine forces — rendered by the plane's
-``kubectl kustomize``. The scenarios run in order on that one deployment, each asserting what
+loads both into the node, and deploys the manager's StatefulSet with the component plus
+``tests/node/machine`` (only what the test machine forces) and ``tests/node/short-token``
+(a 600 s token, so that the kubelet rotates it during the module), rendered by the plane's
+``kubectl kustomize``. The manager reaches warmwatch as the component sets it up: over TLS
+with the sidecar's ``--cert-dir`` certificate, presenting the pod's token. The scenarios run in order on that one deployment, each asserting what
 the manager prints and what warmwatch's metrics show; the last one stops the node and checks
 that nothing of it is left on the machine.
 
