@@ -30,6 +30,7 @@ from pathlib import Path
 from aiohttp import web
 
 from proxy.cache.store import Store
+from proxy.kube.gocompat import go_quote
 from proxy.kube.status import StatusError
 from proxy.serve.answers import status_response
 from proxy.serve.authorizing import bearer_token
@@ -67,8 +68,8 @@ async def check_requester(token: str | None, *, review: Reviewer, own: Identity)
         raise StatusError.forbidden(
             group="",
             resource="",
-            reason=f"User {theirs.username!r} is not warmwatch's own identity, the only one "
-            "its cache's snapshot is served to",
+            reason=f"User {go_quote(theirs.username)} is not warmwatch's own identity, the "
+            "only one its cache's snapshot is served to",
         )
     return theirs
 
