@@ -100,7 +100,12 @@ def _seeding_flags(p: argparse.ArgumentParser) -> None:
         help="auto: a new database starts from a snapshot of a --seed-peer (the same service "
         "account's warmwatch); off: never ask (default auto)",
     )
-    env_peers = [peer for peer in (_env("seed-peer") or "").split(",") if peer.strip()]
+    try:
+        env_peers = [
+            _address(peer.strip()) for peer in (_env("seed-peer") or "").split(",") if peer.strip()
+        ]
+    except argparse.ArgumentTypeError as error:
+        p.error(f"WARMWATCH_SEED_PEER: {error}")
     p.add_argument(
         "--seed-peer",
         action="append",
@@ -422,7 +427,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         ),
         seed=SeedSettings(
             mode=args.seed,
-            peers=tuple(args.seed_peer or (_address(peer) for peer in args.env_seed_peers)),
+            peers=tuple(args.seed_peer or args.env_seed_peers),
             token_file=Path(args.seed_token_file) if args.seed_token_file else None,
             timeout=args.seed_timeout,
             seconds_per_gib=args.seed_seconds_per_gib,
