@@ -57,6 +57,8 @@ class Stage:
     """SMALL ConfigMaps: the collection of the cold starts."""
     upstream: Path
     """A kubeconfig of ACCOUNT for the apiserver."""
+    apiserver_token: str
+    """Its token (for the apiserver's audience)."""
     own_token: Path
     other_token: Path
     """Seeding tokens (audience AUDIENCE) of ACCOUNT and OTHER."""
@@ -160,8 +162,9 @@ async def _prepare(plane: ControlPlane, directory: Path, *, big: str, small: str
                 f"/api/v1/namespaces/{big}/serviceaccounts", {"metadata": {"name": account}}
             )
         await _grant(admin, home=big, namespaces=(big, small))
+        apiserver_token = await _token(admin, big, ACCOUNT)
         upstream = _token_kubeconfig(
-            directory / "upstream.kubeconfig", plane=plane, token=await _token(admin, big, ACCOUNT)
+            directory / "upstream.kubeconfig", plane=plane, token=apiserver_token
         )
         own, other = directory / "own.token", directory / "other.token"
         own.write_text(await _token(admin, big, ACCOUNT, AUDIENCE))
@@ -175,6 +178,7 @@ async def _prepare(plane: ControlPlane, directory: Path, *, big: str, small: str
         big=big,
         small=small,
         upstream=upstream,
+        apiserver_token=apiserver_token,
         own_token=own,
         other_token=other,
         peer=peer,
@@ -302,16 +306,24 @@ async def test_another_service_accounts_token_is_refused_and_the_start_is_cold(
         assert second.metric(RELISTS, {"resource": "v1/configmaps"}) == 1  # cold: filled
     finally:
         second.stop()
+    assert await _refusal(stage, stage.other_token.read_text()) == (403, "Forbidden")
+    # The account's own token for the apiserver (not for AUDIENCE), and none: 401.
+    assert await _refusal(stage, stage.apiserver_token) == (401, "Unauthorized")
+    assert await _refusal(stage, None) == (401, "Unauthorized")
+
+
+async def _refusal(stage: Stage, token: str | None) -> tuple[int, str]:
+    """The peer's answer to ``token``: its code and the Status's reason."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     async with (
         aiohttp.ClientSession() as session,
         session.get(
-            f"http://127.0.0.1:{stage.peer.metrics_port}{SEED_PATH}",
-            headers={"Authorization": f"Bearer {stage.other_token.read_text()}"},
+            f"http://127.0.0.1:{stage.peer.metrics_port}{SEED_PATH}", headers=headers
         ) as answer,
     ):
-        assert answer.status == 403
         status = await answer.json()
-        assert (status["kind"], status["reason"]) == ("Status", "Forbidden")
+        assert status["kind"] == "Status"
+        return answer.status, str(status["reason"])
 
 
 async def _snapshot(stage: Stage) -> bytes:

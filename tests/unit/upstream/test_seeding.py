@@ -18,8 +18,9 @@ from aiohttp import web
 from loadtest.ports import free_port
 from proxy.cache import snapshotting
 from proxy.metrics import Metrics
-from proxy.upstream.connecting import Upstream
+from proxy.upstream.connecting import ConnectionSettings, Upstream, connect
 from proxy.upstream.errors import UpstreamStatusError
+from proxy.upstream.reviewing import review_token
 from proxy.upstream.seeding import (
     AUDIENCE,
     DIGEST_HEADER,
@@ -28,6 +29,7 @@ from proxy.upstream.seeding import (
     seed,
 )
 from tests.unit.cache.test_snapshotting import CLUSTER, database, snapshot_of
+from tests.unit.upstream.conftest import Served, token_kubeconfig
 
 
 @dataclass
@@ -211,3 +213,34 @@ def test_the_bound_grows_with_the_snapshot() -> None:
     with pytest.raises(ValueError, match="auto or off"):
         SeedSettings(mode="always")  # type: ignore[arg-type]
     assert AUDIENCE == "warmwatch.io/seed"
+
+
+async def test_a_token_review_for_the_seeding_audience(tmp_path: Path) -> None:
+    """The audience is sent, and a token is accepted only when the answer names it (an
+    authenticator that ignored the audience must not pass for one that checked it)."""
+    sent: list[dict[str, Any]] = []
+    answered: list[str] = []
+
+    async def token_review(request: web.Request) -> web.Response:
+        body = await request.json()
+        sent.append(body["spec"])
+        status = {"authenticated": True, "user": {"username": "u"}, "audiences": answered}
+        return web.json_response({**body, "status": status}, status=201)
+
+    app = web.Application()
+    app.router.add_post("/apis/authentication.k8s.io/v1/tokenreviews", token_review)
+    served = Served(app)
+    await served.start()
+    kubeconfig = token_kubeconfig(tmp_path / "kc", server=served.url, token="sidecar")
+    upstream = await connect(ConnectionSettings(kubeconfig=str(kubeconfig)), metrics=Metrics())
+    try:
+        assert await review_token(upstream, "t", audiences=(AUDIENCE,)) is None
+        answered.append(AUDIENCE)
+        user = await review_token(upstream, "t", audiences=(AUDIENCE,))
+        assert user is not None and user.username == "u"
+        assert sent == [{"token": "t", "audiences": [AUDIENCE]}] * 2
+        assert await review_token(upstream, "t") is not None  # (the apiserver's own audiences)
+        assert sent[-1] == {"token": "t"}
+    finally:
+        await upstream.close()
+        await served.stop()
