@@ -29,6 +29,7 @@ from proxy.serve.limiting import Limits
 from proxy.upstream.delegating import DelegationSettings
 from proxy.upstream.discovering import DiscoverySettings
 from proxy.upstream.reflecting import ReflectorSettings
+from proxy.upstream.seeding import SeedSettings
 from proxy.upstream.syncing import SyncSettings
 
 OPERATOR_COMMANDS = ("verify", "inspect")
@@ -87,6 +88,54 @@ def _discovery_flags(p: argparse.ArgumentParser) -> None:
         default=discovery.max_bytes,
         help="bytes of discovery documents stored at most, the least recently asked evicted "
         f"(default {discovery.max_bytes})",
+    )
+
+
+def _seeding_flags(p: argparse.ArgumentParser) -> None:
+    seeding = SeedSettings()
+    p.add_argument(
+        "--seed",
+        choices=("auto", "off"),
+        default=_env("seed", seeding.mode),
+        help="auto: a new database starts from a snapshot of a --seed-peer (the same service "
+        "account's warmwatch); off: never ask (default auto)",
+    )
+    try:
+        env_peers = [
+            _address(peer.strip()) for peer in (_env("seed-peer") or "").split(",") if peer.strip()
+        ]
+    except argparse.ArgumentTypeError as error:
+        p.error(f"WARMWATCH_SEED_PEER: {error}")
+    p.add_argument(
+        "--seed-peer",
+        action="append",
+        type=_address,
+        default=None,
+        metavar="HOST:PORT",
+        help="a peer's metrics listener to seed from (repeatable; asked in order)",
+    )
+    p.set_defaults(env_seed_peers=env_peers)
+    p.add_argument(
+        "--seed-token-file",
+        type=Path,
+        default=_env("seed-token-file"),
+        help="a token of warmwatch's own service account for the audience warmwatch.io/seed "
+        "(a projected service-account token), sent to peers",
+    )
+    _number(
+        p,
+        "--seed-timeout",
+        kind=float,
+        default=seeding.timeout,
+        help="seconds the whole seeding may take, plus --seed-seconds-per-gib of the "
+        f"snapshot; past it the start is cold (default {seeding.timeout:g})",
+    )
+    _number(
+        p,
+        "--seed-seconds-per-gib",
+        kind=float,
+        default=seeding.seconds_per_gib,
+        help=f"added to --seed-timeout per GiB of snapshot (default {seeding.seconds_per_gib:g})",
     )
 
 
@@ -254,6 +303,7 @@ def parser() -> argparse.ArgumentParser:
         help="learned collections at most; requests for more pass through",
     )
     _discovery_flags(p)
+    _seeding_flags(p)
     limits = defaults.limits
     _number(
         p,
@@ -374,6 +424,13 @@ def settings_from(args: argparse.Namespace) -> Settings:
         reflector=ReflectorSettings(idle_timeout=args.upstream_idle_timeout),
         serve=ServeSettings(
             bookmark_interval=args.bookmark_interval, slow_write_timeout=args.watch_write_timeout
+        ),
+        seed=SeedSettings(
+            mode=args.seed,
+            peers=tuple(args.seed_peer or args.env_seed_peers),
+            token_file=Path(args.seed_token_file) if args.seed_token_file else None,
+            timeout=args.seed_timeout,
+            seconds_per_gib=args.seed_seconds_per_gib,
         ),
         discovery=DiscoverySettings(
             max_age=args.discovery_max_age,

@@ -40,6 +40,7 @@ from proxy.serve.authenticating import (
 from proxy.serve.context import Context, ServeSettings
 from proxy.serve.limiting import Admission, Limits
 from proxy.serve.securing import ServingCertificate, self_signed
+from proxy.serve.seeding import SnapshotServer
 from proxy.upstream.connecting import ConnectionBudget, ConnectionSettings, Upstream, connect
 from proxy.upstream.delegating import Delegation, DelegationSettings
 from proxy.upstream.discovering import (
@@ -54,6 +55,7 @@ from proxy.upstream.forwarding import PassthroughSettings
 from proxy.upstream.reflecting import ReflectorSettings
 from proxy.upstream.resilience import CircuitBreaker, ListLimiter
 from proxy.upstream.reviewing import IdentityMismatch, check_same_identity
+from proxy.upstream.seeding import SeedSettings, remember_cluster, seed
 from proxy.upstream.syncing import Syncer, SyncSettings
 
 logger = logging.getLogger("warmwatch")
@@ -94,6 +96,8 @@ class Settings:
     Past it the port opens and the check is made on use, as when the apiserver cannot be
     reached: a slow or blackholed apiserver (the 10 s connect timeout) must not hold back a
     warm start that only needs the cache."""
+    seed: SeedSettings = field(default_factory=SeedSettings)
+    """Peer seeding of a new database (``upstream.seeding``)."""
     shutdown_timeout: float = 20.0
     """Less than a pod's default 30 s grace period, so we exit before the SIGKILL."""
 
@@ -216,6 +220,7 @@ class App:
         self._checkpoints: asyncio.Task[None] | None = None
         self._discovery: asyncio.Task[None] | None = None
         self._tls_reload: asyncio.Task[None] | None = None
+        self._cluster: asyncio.Task[None] | None = None
         self.delegation: Delegation | None = None
         self.certificate: ServingCertificate | None = None
         self.serving = False
@@ -240,15 +245,14 @@ class App:
                 "identity (like kubectl proxy); only for a loopback that only trusted "
                 "clients share (a pod's own, without hostNetwork)"
             )
+        snapshots = SnapshotServer(
+            loopback=is_loopback_address(settings.metrics_listen[0]), settings=settings.seed
+        )
         # The health port first: /livez answers while the cache opens, /readyz says "starting".
         await self._serve(
-            routing.health_app(metrics=self.metrics, ready=self.ready),
+            routing.health_app(metrics=self.metrics, ready=self.ready, snapshots=snapshots),
             settings.metrics_listen,
         )
-        self.store = store = await Store.open(settings.store_settings(), metrics=self.metrics)
-        # O(size), so in the background: a warm start serves before it has read every page.
-        self._integrity = asyncio.create_task(store.check_integrity(), name="integrity check")
-        self._checkpoints = asyncio.create_task(store.keep_checkpointed(), name="wal checkpoints")
         upstream = await connect(
             ConnectionSettings(
                 kubeconfig=settings.kubeconfig,
@@ -258,8 +262,10 @@ class App:
             metrics=self.metrics,
         )
         self.upstream = upstream
+        store = await self._open_store(upstream)
         tokens = await self._client_tokens(upstream)
         breaker = CircuitBreaker(target="apiserver", metrics=self.metrics)
+        snapshots.bind(store=store, upstream=upstream, breaker=breaker)
         if settings.client_auth.mode == "delegated":
             self.delegation = Delegation(
                 upstream=upstream,
@@ -293,6 +299,25 @@ class App:
             *settings.metrics_listen,
             len(store.shapes),
         )
+
+    async def _open_store(self, upstream: Upstream) -> Store:
+        """The cache: seeded from a peer when new (``upstream.seeding``), then opened; its
+        integrity check, checkpoints and cluster identity in the background."""
+        store_settings = self.settings.store_settings()
+        await seed(
+            self.settings.seed,
+            upstream=upstream,
+            database=store_settings.path,
+            metrics=self.metrics,
+        )
+        self.store = store = await Store.open(store_settings, metrics=self.metrics)
+        # O(size), so in the background: a warm start serves before it has read every page.
+        self._integrity = asyncio.create_task(store.check_integrity(), name="integrity check")
+        self._checkpoints = asyncio.create_task(store.keep_checkpointed(), name="wal checkpoints")
+        self._cluster = asyncio.create_task(
+            remember_cluster(store, upstream=upstream), name="cluster identity"
+        )
+        return store
 
     def _context(
         self,
@@ -441,7 +466,13 @@ class App:
         for runner in reversed(self._runners):
             await runner.cleanup()
         self._runners.clear()
-        for task in (self._integrity, self._checkpoints, self._tls_reload, self._discovery):
+        for task in (
+            self._integrity,
+            self._checkpoints,
+            self._tls_reload,
+            self._discovery,
+            self._cluster,
+        ):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)

@@ -153,6 +153,9 @@ REJECTED_LIMITS: Final = frozenset(
     }
 )
 
+SEEDING_RESULTS: Final = frozenset({"installed", "refused", "failed", "none"})
+"""Values of ``seedings_total``'s ``result`` (``upstream.seeding.Result``)."""
+
 LIST_SOURCES: Final = frozenset({"cache", "passthrough", "upstream-list", "upstream-watchlist"})
 """Sources of ``list_duration_seconds``: where a LIST was answered from, or a shape's fill."""
 
@@ -533,6 +536,21 @@ class Metrics:
         self.storage_errors: Final = Counter(
             f"{PREFIX}storage_errors",
             "Failed cache storage operations.",
+            registry=r,
+        )
+
+        # -- peer seeding -----------------------------------------------------------------
+        self.seedings: Final = _bounded(
+            Counter,
+            f"{PREFIX}seedings",
+            "Starts by how seeding from a peer ended: installed, refused (by every peer), "
+            "failed, none (not asked: off, no peer, or a database already there).",
+            {"result": SEEDING_RESULTS},
+            registry=r,
+        )
+        self.seeding_bytes: Final = Counter(
+            f"{PREFIX}seeding_bytes",
+            "Bytes of peers' snapshots received.",
             registry=r,
         )
 

@@ -21,7 +21,8 @@ One database file holds every shape. Tables:
 - ``garbage``: generations whose ``objects`` or ``staging`` rows are deleted in slices in
   the background (a replaced generation, an abandoned list, a dropped shape).
 - ``discovery``: discovery documents for an offline start.
-- ``meta``: the schema version. An unknown version is refused, never guessed at.
+- ``meta``: the schema version (an unknown version is refused, never guessed at), and the
+  cluster's identity (``snapshotting.CLUSTER_KEY``).
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ from proxy.cache import (
     registering,
     relisting,
     schema,
+    snapshotting,
     writing,
 )
 from proxy.cache.pooling import Readers, Snapshot, connect, on_thread
@@ -529,6 +530,28 @@ class Store:
         if self.metrics is not None:
             self.metrics.storage_errors.inc()
         return False
+
+    async def copy_into(self, target: Path) -> None:
+        """``snapshotting.copy_into`` a new private file at ``target`` (on a reader: the
+        writer goes on). The caller deletes it."""
+        target.unlink(missing_ok=True)
+        keep_private(target)
+        await self._readers.read(snapshotting.copy_into, target=target)
+
+    async def cluster_identity(self) -> str | None:
+        """``snapshotting.cluster_identity``."""
+        return await self._readers.read(snapshotting.cluster_identity)
+
+    async def record_cluster_identity(self, uid: str) -> None:
+        """``snapshotting.record_cluster_identity``; a changed identity is logged."""
+        before = await self._write(snapshotting.record_cluster_identity, uid=uid)
+        if before is not None and before != uid:
+            logger.warning(
+                "database %s was filled from another cluster (kube-system uid %s, now %s)",
+                self.settings.path,
+                before,
+                uid,
+            )
 
     async def get_object(self, shape: Shape, *, namespace: str, name: str) -> bytes | None:
         """``reading.get_object``."""

@@ -21,7 +21,7 @@ from proxy.kube.gocompat import origin_form, valid_escapes
 from proxy.kube.resources import RequestPath
 from proxy.kube.status import StatusError
 from proxy.metrics import Metrics
-from proxy.serve import authenticating, connections, health, limiting
+from proxy.serve import authenticating, connections, health, limiting, seeding
 from proxy.serve.answers import BARE, STATUS, apiserver_headers, status_response
 from proxy.serve.context import CONTEXT, Context
 from proxy.serve.dispatching import handle, watch_limits
@@ -29,6 +29,7 @@ from proxy.serve.negotiating import status_encoding
 from proxy.serve.streaming import cut
 from proxy.upstream.discovering import HEALTH_ENDPOINTS
 from proxy.upstream.errors import UpstreamBusy
+from proxy.upstream.seeding import SEED_PATH
 
 logger = logging.getLogger(__name__)
 
@@ -145,8 +146,14 @@ def api_app(
     return app
 
 
-def health_app(*, metrics: Metrics, ready: Callable[[], tuple[bool, str]]) -> web.Application:
-    """``/metrics``, ``/healthz``, ``/livez``, ``/readyz`` on their own port.
+def health_app(
+    *,
+    metrics: Metrics,
+    ready: Callable[[], tuple[bool, str]],
+    snapshots: seeding.SnapshotServer | None = None,
+) -> web.Application:
+    """``/metrics``, ``/healthz``, ``/livez``, ``/readyz`` on their own port, and with
+    ``snapshots`` the cache's snapshot for a peer (``seeding``).
 
     ``/metrics`` is written on a thread, one scrape at a time: at the bounds (500 shapes, every
     series of 72 resources: 1.2 MB) that takes 70-180 ms of pure Python, which on the event loop
@@ -170,4 +177,6 @@ def health_app(*, metrics: Metrics, ready: Callable[[], tuple[bool, str]]) -> we
     for endpoint in HEALTH_ENDPOINTS:
         app.router.add_get(endpoint, probe)
         app.router.add_get(endpoint + "/{check:.+}", probe)
+    if snapshots is not None:
+        app.router.add_get(SEED_PATH, snapshots.handle)
     return app

@@ -2,7 +2,7 @@
 
 - :func:`review_token`: a ``TokenReview`` (authentication.k8s.io/v1) of a client's bearer
   token, with the apiserver's own audiences (none given), as the apiserver's delegating
-  authenticator sends it;
+  authenticator sends it, or for audiences of warmwatch's own (a peer's seeding token);
 - :func:`review_access`: a ``SubjectAccessReview`` (authorization.k8s.io/v1) of a user,
   groups, uid and extra for one request's resource attributes — the attributes the
   apiserver's authorization filter gives its authorizers, selectors included
@@ -17,7 +17,7 @@ sends only that token. Failures are the upstream layer's errors (``UpstreamUnava
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NotRequired, TypedDict
 
@@ -164,25 +164,31 @@ def _status(answer: Mapping[str, Any], what: str) -> Mapping[str, Any]:
 
 
 async def review_token(
-    upstream: Upstream, token: str, *, breaker: CircuitBreaker | None = None
+    upstream: Upstream,
+    token: str,
+    *,
+    breaker: CircuitBreaker | None = None,
+    audiences: Sequence[str] = (),
 ) -> UserInfo | None:
     """The identity ``token`` authenticates as, or None when the apiserver does not accept
-    it."""
+    it. With ``audiences``, the token must be valid for one of them (the apiserver checks it
+    and answers the ones it is valid for in ``status.audiences``)."""
     check_reachable(breaker)
+    spec: dict[str, Any] = {"token": token}
+    if audiences:
+        spec["audiences"] = list(audiences)
     answer = await upstream.json_request(
         "POST",
         TOKEN_REVIEWS,
-        json={
-            "apiVersion": "authentication.k8s.io/v1",
-            "kind": "TokenReview",
-            "spec": {"token": token},
-        },
+        json={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": spec},
         purpose="review",
         verb="TOKENREVIEW",
     )
     status = _status(answer, "TokenReview")
     if not status.get("authenticated"):
         return None
+    if audiences and not set(audiences) & set(status.get("audiences") or ()):
+        return None  # (an authenticator that ignores audiences must not pass for one that checks)
     user = status.get("user")
     if not isinstance(user, Mapping) or not user.get("username"):
         raise UpstreamProtocolError("TokenReview authenticated a token without a user")

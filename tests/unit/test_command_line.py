@@ -52,3 +52,19 @@ def test_every_flags_default_is_its_settings_field(monkeypatch: pytest.MonkeyPat
     defaults = Settings()
     expected = dataclasses.replace(defaults, store=StoreSettings(path=defaults.db))
     assert settings_from(parser().parse_args([])) == expected
+
+
+def test_seeding_flags(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    token = tmp_path / "seed.token"
+    args = ["--seed-peer=10.0.0.7:9090", "--seed-peer=[fd00::7]:9090", f"--seed-token-file={token}"]
+    seed = settings_from(parser().parse_args(args)).seed
+    assert seed.peers == (("10.0.0.7", 9090), ("fd00::7", 9090))
+    assert (seed.mode, seed.token_file) == ("auto", token)
+    monkeypatch.setenv("WARMWATCH_SEED_PEER", "a:1, b:2")
+    monkeypatch.setenv("WARMWATCH_SEED", "off")
+    seed = settings_from(parser().parse_args([])).seed
+    assert (seed.mode, seed.peers) == ("off", (("a", 1), ("b", 2)))
+    monkeypatch.setenv("WARMWATCH_SEED_PEER", "no-port")
+    with pytest.raises(SystemExit) as refused:
+        parser()
+    assert refused.value.code == 2

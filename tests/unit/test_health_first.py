@@ -42,7 +42,9 @@ async def test_probes_are_answered_while_the_cache_opens(
         raise RuntimeError("not opened in this test")
 
     monkeypatch.setattr(Store, "open", slow_open)
-    app, health = app_on_free_ports(tmp_path)
+    # (Upstream credentials are loaded before the cache opens: a new cache may be seeded.)
+    kubeconfig = token_kubeconfig(tmp_path / "kc", server="http://127.0.0.1:9", token="t")
+    app, health = app_on_free_ports(tmp_path, kubeconfig=str(kubeconfig))
     starting = asyncio.create_task(app.start())
     try:
         await asyncio.wait_for(opening.wait(), 5)

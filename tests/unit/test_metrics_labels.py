@@ -34,7 +34,7 @@ def _series(metrics: Metrics, collector: Any) -> set[tuple[tuple[str, str], ...]
 def test_every_labelled_metric_is_bounded() -> None:
     metrics = Metrics()
     labelled = _labelled(metrics)
-    assert len(labelled) == 26
+    assert len(labelled) == 27
     for name, value in vars(metrics).items():
         if isinstance(value, Counter | Gauge | Histogram):
             assert not value._labelnames, f"{name}: a labelled metric must be Bounded"

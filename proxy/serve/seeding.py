@@ -1,0 +1,168 @@
+"""``GET /seed`` on the metrics listener: the cache's snapshot, for a peer of warmwatch's own
+identity (docs/design.md §3, peer seeding; the fetching side is ``upstream.seeding``).
+
+The snapshot holds everything warmwatch's account can read, Secrets included, so it is
+answered only:
+
+- on a loopback metrics listener: beyond loopback it would travel in clear text, so until
+  the listener has TLS every request is refused with 403 (logged once at start);
+- to a bearer token that a TokenReview for ``upstream.seeding.AUDIENCE`` authenticates as
+  the user (name and uid) of warmwatch's own upstream credentials (a SelfSubjectReview,
+  asked once). No token, or one the apiserver does not accept for that audience: 401; any
+  other identity: 403; the apiserver unreachable: 503;
+- one at a time (a second request meanwhile: 429), from a database whose cluster identity
+  is recorded (``snapshotting.CLUSTER_KEY``; else 503: a peer could not tell it from another
+  cluster's).
+
+The answer: ``VACUUM INTO`` a private file beside the database, its SHA-256 in
+``upstream.seeding.DIGEST_HEADER`` and its length, its bytes, then the file is deleted. The
+send is bounded like the peer's whole seeding (``SeedSettings.bound``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from aiohttp import web
+
+from proxy.cache.store import Store
+from proxy.kube.gocompat import go_quote
+from proxy.kube.status import StatusError
+from proxy.serve.answers import status_response
+from proxy.serve.authorizing import bearer_token
+from proxy.serve.streaming import cut
+from proxy.upstream.connecting import Upstream
+from proxy.upstream.errors import UpstreamError
+from proxy.upstream.resilience import CircuitBreaker
+from proxy.upstream.reviewing import UserInfo, review_token, who_am_i
+from proxy.upstream.seeding import AUDIENCE, CHUNK, DIGEST_HEADER, SeedSettings
+
+logger = logging.getLogger(__name__)
+
+Reviewer = Callable[[str], Awaitable[UserInfo | None]]
+"""A token's identity for :data:`AUDIENCE` (a TokenReview), None when not accepted."""
+
+Identity = Callable[[], Awaitable[UserInfo]]
+"""warmwatch's own upstream identity (a SelfSubjectReview)."""
+
+
+async def check_requester(token: str | None, *, review: Reviewer, own: Identity) -> UserInfo:
+    """The requester's identity when it is warmwatch's own; else the apiserver's Status
+    (401 without an accepted token, 403 for another identity, 503 when it cannot be asked)."""
+    if token is None:
+        raise StatusError.unauthorized()
+    try:
+        theirs = await review(token)
+        if theirs is None:
+            raise StatusError.unauthorized()
+        mine = await own()
+    except UpstreamError as error:
+        raise StatusError.service_unavailable(
+            f"cannot review the token: {error}", retry_after_seconds=1
+        ) from error
+    if (theirs.username, theirs.uid) != (mine.username, mine.uid):
+        raise StatusError.forbidden(
+            group="",
+            resource="",
+            reason=f"User {go_quote(theirs.username)} is not warmwatch's own identity, the "
+            "only one its cache's snapshot is served to",
+        )
+    return theirs
+
+
+class SnapshotServer:
+    """The ``/seed`` handler; answers 503 until :meth:`bind` gives it the cache."""
+
+    def __init__(self, *, loopback: bool, settings: SeedSettings) -> None:
+        self.loopback = loopback
+        self.settings = settings
+        self._serving = asyncio.Lock()
+        self._store: Store | None = None
+        self._review: Reviewer | None = None
+        self._own: UserInfo | None = None
+        self._upstream: Upstream | None = None
+        if not loopback:
+            logger.warning(
+                "the metrics listener is not loopback: its /seed refuses every request (403) "
+                "until it has TLS; peers cannot seed from this warmwatch"
+            )
+
+    def bind(self, *, store: Store, upstream: Upstream, breaker: CircuitBreaker) -> None:
+        self._store = store
+        self._upstream = upstream
+
+        async def review(token: str) -> UserInfo | None:
+            return await review_token(upstream, token, breaker=breaker, audiences=(AUDIENCE,))
+
+        self._review = review
+
+    async def _own_identity(self) -> UserInfo:
+        """warmwatch's own identity, asked once (it does not change while it runs)."""
+        if self._own is None:
+            assert self._upstream is not None
+            self._own = await who_am_i(self._upstream)
+        return self._own
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        try:
+            return await self._answer(request)
+        except StatusError as error:
+            return status_response(error)
+
+    async def _answer(self, request: web.Request) -> web.StreamResponse:
+        if not self.loopback:
+            raise StatusError.forbidden(
+                group="",
+                resource="",
+                reason="the snapshot is not served beyond loopback without TLS",
+            )
+        store, review = self._store, self._review
+        if store is None or review is None:
+            raise StatusError.service_unavailable("warmwatch is starting", retry_after_seconds=1)
+        await check_requester(bearer_token(request), review=review, own=self._own_identity)
+        if self._serving.locked():
+            raise StatusError.too_many_requests(
+                "a snapshot is being sent; one at a time", retry_after_seconds=5
+            )
+        async with self._serving:
+            if await store.cluster_identity() is None:
+                raise StatusError.service_unavailable(
+                    "the cluster's identity (the kube-system namespace uid) is not recorded; "
+                    "a snapshot is not offered without it"
+                )
+            target = store.settings.path.with_name(f"{store.settings.path.name}.seed-out")
+            try:
+                await store.copy_into(target)
+                return await self._send(request, target)
+            finally:
+                target.unlink(missing_ok=True)
+
+    async def _send(self, request: web.Request, snapshot: Path) -> web.StreamResponse:
+        size, digest = await asyncio.to_thread(_measure, snapshot)
+        response = web.StreamResponse(
+            headers={"Content-Type": "application/vnd.sqlite3", DIGEST_HEADER: digest}
+        )
+        response.content_length = size
+        try:
+            async with asyncio.timeout(self.settings.bound(size)):
+                await response.prepare(request)
+                with snapshot.open("rb") as source:
+                    while chunk := await asyncio.to_thread(source.read, CHUNK):
+                        await response.write(chunk)
+                await response.write_eof()
+        except TimeoutError:
+            logger.warning("a snapshot to %s was not taken within its bound; cut", request.remote)
+            cut(request)
+            return response
+        logger.info("sent a snapshot of %d bytes to %s", size, request.remote)
+        return response
+
+
+def _measure(path: Path) -> tuple[int, str]:
+    """The file's size and SHA-256 (hex)."""
+    with path.open("rb") as source:
+        return path.stat().st_size, hashlib.file_digest(source, "sha256").hexdigest()
