@@ -86,7 +86,7 @@ class SnapshotServer:
         self._own: UserInfo | None = None
         self._upstream: Upstream | None = None
         if not loopback:
-            logger.warning(
+            logger.info(
                 "the metrics listener is not loopback: its /seed refuses every request (403) "
                 "until it has TLS; peers cannot seed from this warmwatch"
             )

@@ -136,7 +136,7 @@ async def remember_cluster(store: Store, *, upstream: Upstream) -> None:
             logger.debug("cluster identity not read yet: %s", error)
             await asyncio.sleep(IDENTITY_RETRY)
     if uid is None:
-        logger.warning(
+        logger.info(
             "the kube-system namespace cannot be read (RBAC: get namespaces/kube-system): "
             "without the cluster's identity this cache is not offered to peers"
         )
