@@ -112,7 +112,8 @@ async def relay(
             settings=settings,
             purpose=purpose,
         ) as answer:
-            response = await _begin(request, answer)
+            response = _response(answer)
+            await _send_headers(request, response)
             if collector is not None and 200 <= answer.status < 300:
                 collector.status, collector.headers = answer.status, answer.headers
             else:
@@ -139,20 +140,25 @@ async def relay(
         upstream.metrics.client_errors.labels(reason=reason).inc()
         logger.debug("Passthrough %s %s: client %s", request.method, request.path, reason)
         cut(request)
-        assert response is not None  # raised only once the answer has begun
+        assert response is not None  # raised only once the answer was made
         return response
 
 
-async def _begin(request: web.Request, answer: Answer) -> web.StreamResponse:
-    """The client's answer, its status and headers sent."""
+def _response(answer: Answer) -> web.StreamResponse:
+    """The client's answer: the apiserver's status and headers."""
     response = web.StreamResponse(status=answer.status, reason=answer.reason)
     for name, value in answer.headers:
         response.headers.add(name, value)
+    return response
+
+
+async def _send_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """Send the status and headers; a client already gone is :class:`ClientGone` (the
+    caller holds ``response``, which the handler still returns)."""
     try:
         await response.prepare(request)
     except ConnectionError as error:
         raise ClientGone(str(error)) from error
-    return response
 
 
 async def _write_body(

@@ -4,6 +4,7 @@ credential modes, WebSocket relay, discovery cache, unreachable apiserver."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 from collections.abc import AsyncIterator
 from typing import Any
@@ -25,6 +26,7 @@ from tests.unit.upstream.conftest import (
     MemoryDiscoveryCache,
     Proxy,
     Served,
+    eventually,
     start_proxy,
 )
 
@@ -622,3 +624,35 @@ async def test_passed_through_lists_are_measured_beside_the_cache_s(
             await answer.read()
     other = {"resource": "other", "source": "passthrough"}
     assert metrics.value("warmwatch_list_duration_seconds_count", other) == 3
+
+
+async def test_a_client_gone_before_the_answer_begins_is_counted_not_an_error(
+    upstream: Upstream, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The client leaves while the apiserver thinks: writing the answer's headers finds the
+    transport closing. That is the client's doing (counted, logged at DEBUG), never an error
+    of the handler (found by the fuzz test: an AssertionError per such request)."""
+    proxy = await start_proxy(upstream, credentials="sidecar")
+    loop = asyncio.get_running_loop()
+    sock = socket.socket()
+    sock.setblocking(False)
+    try:
+        with caplog.at_level(logging.ERROR):
+            await loop.sock_connect(sock, ("127.0.0.1", proxy.served.port))
+            await loop.sock_sendall(
+                sock, b"GET /sleep?seconds=0.3 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+            )
+            sock.close()
+            await eventually(
+                lambda: (
+                    upstream.metrics.value(
+                        "warmwatch_client_errors_total", {"reason": "disconnected"}
+                    )
+                    == 1
+                )
+            )
+            await asyncio.sleep(0.1)  # an error would be logged as the handler ends
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    finally:
+        sock.close()
+        await proxy.served.stop()
