@@ -342,7 +342,7 @@ class ClientsBench:
             resources=[CLIENTS_RESOURCE],
             mode=kind.mode,
             protobuf=kind.protobuf,
-            extra=[*kind.extra, "--no-items"],
+            extra=[*kind.extra, "--no-items", "--no-events"],
         )
         try:
             synced = client.wait_synced(timeout=SYNC_TIMEOUT)[0]
