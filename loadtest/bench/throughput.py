@@ -67,7 +67,7 @@ def best_rate(url: str, *, ssl_context: ssl.SSLContext | None, runs: int = 3) ->
 def informer_sync(binary: Path, kubeconfig: Path) -> float:
     started = time.monotonic()
     client = goclient.GoClient.start(
-        binary, kubeconfig=kubeconfig, resources=[SHAPE], extra=["--no-items"]
+        binary, kubeconfig=kubeconfig, resources=[SHAPE], extra=["--no-items", "--no-events"]
     )
     try:
         client.wait_synced(timeout=900)

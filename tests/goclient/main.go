@@ -48,6 +48,7 @@ type options struct {
 	duration      time.Duration
 	exitOnSync    bool
 	noItems       bool
+	noEvents      bool
 	noDiscovery   bool
 	qps           float64
 	burst         int
@@ -83,6 +84,7 @@ func main() {
 	fs.DurationVar(&o.duration, "duration", 0, "exit (after the final digest) after this long (0 = run until signalled)")
 	fs.BoolVar(&o.exitOnSync, "exit-on-sync", false, "exit (after the final digest) once every informer has synced")
 	fs.BoolVar(&o.noItems, "no-items", false, "omit the items array from digest lines")
+	fs.BoolVar(&o.noEvents, "no-events", false, "print no event lines (a benchmark's client: a line per object costs the client a write and its reader a parse)")
 	fs.BoolVar(&o.noDiscovery, "no-discovery", false, "do not check resources against discovery at start")
 	fs.Float64Var(&o.qps, "qps", 1000, "client QPS")
 	fs.IntVar(&o.burst, "burst", 2000, "client burst")
@@ -202,6 +204,9 @@ func run(o options) int {
 	defer cancel()
 
 	handlerFor := func(resource string) toolscache.ResourceEventHandler {
+		if o.noEvents {
+			return toolscache.ResourceEventHandlerFuncs{}
+		}
 		return toolscache.ResourceEventHandlerDetailedFuncs{
 			AddFunc: func(obj interface{}, initial bool) {
 				emitEvent(resource, "ADDED", obj, initial)
