@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import io
 import logging
+import os
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 from aiohttp import web
 
@@ -137,11 +138,15 @@ class SnapshotServer:
             target = store.settings.path.with_name(f"{store.settings.path.name}.seed-out")
             try:
                 await store.copy_into(target)
-                return await self._send(request, target)
+                snapshot = await asyncio.to_thread(target.open, "rb")
             finally:
+                # Gone before the answer starts: the open file stays readable, and a crash
+                # while sending leaves nothing behind.
                 target.unlink(missing_ok=True)
+            with snapshot:
+                return await self._send(request, snapshot)
 
-    async def _send(self, request: web.Request, snapshot: Path) -> web.StreamResponse:
+    async def _send(self, request: web.Request, snapshot: io.BufferedReader) -> web.StreamResponse:
         size, digest = await asyncio.to_thread(_measure, snapshot)
         response = web.StreamResponse(
             headers={"Content-Type": "application/vnd.sqlite3", DIGEST_HEADER: digest}
@@ -150,9 +155,8 @@ class SnapshotServer:
         try:
             async with asyncio.timeout(self.settings.bound(size)):
                 await response.prepare(request)
-                with snapshot.open("rb") as source:
-                    while chunk := await asyncio.to_thread(source.read, CHUNK):
-                        await response.write(chunk)
+                while chunk := await asyncio.to_thread(snapshot.read, CHUNK):
+                    await response.write(chunk)
                 await response.write_eof()
         except TimeoutError:
             logger.warning("a snapshot to %s was not taken within its bound; cut", request.remote)
@@ -162,7 +166,8 @@ class SnapshotServer:
         return response
 
 
-def _measure(path: Path) -> tuple[int, str]:
-    """The file's size and SHA-256 (hex)."""
-    with path.open("rb") as source:
-        return path.stat().st_size, hashlib.file_digest(source, "sha256").hexdigest()
+def _measure(source: io.BufferedReader) -> tuple[int, str]:
+    """The open file's size and SHA-256 (hex); read from its start again after."""
+    digest = hashlib.file_digest(source, "sha256").hexdigest()
+    source.seek(0)
+    return os.fstat(source.fileno()).st_size, digest
