@@ -214,12 +214,26 @@ async def create_configmaps(
     )
 
 
-def kubeconfig_for(base_url: str, *, path: Path, token: str | None = None) -> Path:
-    """A kubeconfig pointing plain-HTTP clients at ``base_url`` (warmwatch's listener)."""
-    user = f"    token: {token}\n" if token else "    {}\n"
+def kubeconfig_for(
+    base_url: str,
+    *,
+    path: Path,
+    token: str | None = None,
+    token_file: Path | None = None,
+    ca: Path | None = None,
+) -> Path:
+    """A kubeconfig pointing clients at ``base_url`` (warmwatch's listener, or the
+    apiserver), with a bearer ``token`` or a ``token_file`` and, for https, the ``ca``."""
+    cluster = f"    server: {base_url}\n" + (f"    certificate-authority: {ca}\n" if ca else "")
+    if token:
+        user = f"    token: {token}\n"
+    elif token_file:
+        user = f"    tokenFile: {token_file}\n"
+    else:
+        user = "    {}\n"
     path.write_text(
         "apiVersion: v1\nkind: Config\n"
-        f"clusters:\n- name: warmwatch\n  cluster:\n    server: {base_url}\n"
+        f"clusters:\n- name: warmwatch\n  cluster:\n{cluster}"
         f"users:\n- name: client\n  user:\n{user}"
         "contexts:\n- name: warmwatch\n  context:\n    cluster: warmwatch\n    user: client\n"
         "current-context: warmwatch\n"

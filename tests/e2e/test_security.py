@@ -604,18 +604,6 @@ async def test_node_pod_and_service_proxies_are_refused_in_none_mode(
             assert missing.status == 404  # the apiserver's answer: there is no such node
 
 
-def _token_kubeconfig(path: Path, *, plane: ControlPlane, token: str) -> Path:
-    path.write_text(
-        "apiVersion: v1\nkind: Config\n"
-        f"clusters:\n- name: c\n  cluster:\n    server: {plane.server}\n"
-        f"    certificate-authority: {plane.pki.ca_cert}\n"
-        f"users:\n- name: u\n  user:\n    token: {token}\n"
-        "contexts:\n- name: c\n  context:\n    cluster: c\n    user: u\n"
-        "current-context: c\n"
-    )
-    return path
-
-
 async def test_token_file_of_another_identity_refuses_the_start(
     plane: ControlPlane,
     admin_api: kubeapi.RawClient,
@@ -658,19 +646,6 @@ async def test_token_file_of_another_identity_refuses_the_start(
         sidecar.stop()
 
 
-def _sidecar_kubeconfig(path: Path, *, port: int, ca: Path, token_file: Path) -> Path:
-    """deploy/component's kubeconfig: warmwatch over TLS on loopback, the token from a file."""
-    path.write_text(
-        "apiVersion: v1\nkind: Config\n"
-        f"clusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:{port}\n"
-        f"    certificate-authority: {ca}\n"
-        f"users:\n- name: u\n  user:\n    tokenFile: {token_file}\n"
-        "contexts:\n- name: c\n  context:\n    cluster: c\n    user: u\n"
-        "current-context: c\n"
-    )
-    return path
-
-
 async def test_client_go_sends_its_token_file_over_the_cert_dir_tls(
     plane: ControlPlane, admin_api: kubeapi.RawClient, namespace: str, tmp_path: Path
 ) -> None:
@@ -701,8 +676,11 @@ async def test_client_go_sends_its_token_file_over_the_cert_dir_tls(
     wrong.write_text(await _token(admin_api, namespace, "default"))
 
     def kubectl(token_file: Path) -> subprocess.CompletedProcess[str]:
-        kubeconfig = _sidecar_kubeconfig(
-            tmp_path / "client.kubeconfig", port=port, ca=ca, token_file=token_file
+        kubeconfig = kubeapi.kubeconfig_for(  # deploy/component's, for this listener
+            f"https://127.0.0.1:{port}",
+            path=tmp_path / "client.kubeconfig",
+            token_file=token_file,
+            ca=ca,
         )
         return subprocess.run(
             [str(plane.kubectl()), f"--kubeconfig={kubeconfig}", "get", "--raw", "/version"],
@@ -780,3 +758,8 @@ async def test_delegated_over_tls_beyond_loopback(
         with pytest.raises(aiohttp.ClientError):
             async with session.get(f"http://127.0.0.1:{port}{own}") as plain:
                 await plain.read()
+
+
+def _token_kubeconfig(path: Path, *, plane: ControlPlane, token: str) -> Path:
+    """The apiserver, as a service account's token."""
+    return kubeapi.kubeconfig_for(plane.server, path=path, token=token, ca=plane.pki.ca_cert)

@@ -140,18 +140,6 @@ async def _grant(admin: kubeapi.RawClient, *, home: str, namespaces: tuple[str, 
     )
 
 
-def _token_kubeconfig(path: Path, *, plane: ControlPlane, token: str) -> Path:
-    path.write_text(
-        "apiVersion: v1\nkind: Config\n"
-        f"clusters:\n- name: c\n  cluster:\n    server: {plane.server}\n"
-        f"    certificate-authority: {plane.pki.ca_cert}\n"
-        f"users:\n- name: u\n  user:\n    token: {token}\n"
-        "contexts:\n- name: c\n  context:\n    cluster: c\n    user: u\n"
-        "current-context: c\n"
-    )
-    return path
-
-
 async def _prepare(plane: ControlPlane, directory: Path, *, big: str, small: str) -> Stage:
     async with _admin(plane) as admin:
         started = time.monotonic()
@@ -164,8 +152,11 @@ async def _prepare(plane: ControlPlane, directory: Path, *, big: str, small: str
             )
         await _grant(admin, home=big, namespaces=(big, small))
         apiserver_token = await _token(admin, big, ACCOUNT)
-        upstream = _token_kubeconfig(
-            directory / "upstream.kubeconfig", plane=plane, token=apiserver_token
+        upstream = kubeapi.kubeconfig_for(
+            plane.server,
+            path=directory / "upstream.kubeconfig",
+            token=apiserver_token,
+            ca=plane.pki.ca_cert,
         )
         own, other = directory / "own.token", directory / "other.token"
         own.write_text(await _token(admin, big, ACCOUNT, AUDIENCE))
