@@ -262,7 +262,7 @@ def stop_groups(groups: Sequence[Group]) -> None:
             lines.append(cast(WatcherLine, line))
         group.records = read_records(group.spec.name, lines, group.records_file.read_bytes())
         group.records_file.unlink()
-        group.cpu = cpu_seconds(group.process.pid)
+        group.cpu = processes.cpu_seconds(group.process.pid)
         group.run_wait = run_queue_wait(group.process.pid)
         assert group.process.stdin is not None
         group.process.stdin.close()
@@ -347,7 +347,7 @@ async def write_for(
         async def sample(deadline: float) -> None:
             while time.monotonic() < deadline:
                 result.load.append(os.getloadavg()[0])
-                result.rss.append(rss_bytes(sidecar_pid))
+                result.rss.append(processes.rss_bytes(sidecar_pid))
                 await asyncio.sleep(5)
 
         result.started = time.monotonic()
@@ -360,12 +360,6 @@ async def write_for(
 # -- warmwatch's side -------------------------------------------------------------------------
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of ``pid`` (/proc/PID/stat), seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def run_queue_wait(pid: int) -> float:
     """Seconds the threads of ``pid`` waited on a run queue (/proc/PID/task/*/schedstat)."""
     total = 0
@@ -374,14 +368,6 @@ def run_queue_wait(pid: int) -> float:
             with contextlib.suppress(OSError, IndexError, ValueError):
                 total += int((task / "schedstat").read_text().split()[1])
     return total / 1e9
-
-
-def rss_bytes(pid: int, field_name: str = "VmRSS") -> int:
-    with contextlib.suppress(OSError):
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(f"{field_name}:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -428,7 +414,7 @@ def sample(sidecar: Sidecar) -> Sample:
         events_out=metric_sum(text, "warmwatch_events_out_total"),
         passthrough=metric_sum(text, "warmwatch_passthrough_requests_total"),
         watchers=metric_sum(text, "warmwatch_watchers"),
-        cpu=cpu_seconds(sidecar.process.pid),
+        cpu=processes.cpu_seconds(sidecar.process.pid),
         rss=sidecar.rss_bytes(),
         lag_buckets=parse_buckets(text, "warmwatch_event_delivery_lag_seconds"),
         commit_buckets=parse_buckets(text, "warmwatch_commit_duration_seconds"),
@@ -937,7 +923,7 @@ def run(args: argparse.Namespace) -> list[str]:
         )
         drained = drain(sidecar)
         load_after = os.getloadavg()[0]
-        hwm = rss_bytes(sidecar.process.pid, "VmHWM")
+        hwm = processes.rss_bytes(sidecar.process.pid, "VmHWM")
         harness_main = sum(os.times()[:2]) - harness_before
         stop_groups(groups)
         _say("watch records collected; computing")

@@ -36,3 +36,22 @@ def pin(pid: int, cpus: Set[int]) -> None:
     for task in Path(f"/proc/{pid}/task").iterdir():
         with contextlib.suppress(ProcessLookupError):  # a thread that has just ended
             os.sched_setaffinity(int(task.name), cpus)
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of ``pid`` (/proc/PID/stat), seconds; 0 when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_bytes(pid: int, field_name: str = "VmRSS") -> int:
+    """A memory figure of ``pid`` from /proc/PID/status (``VmRSS``, ``VmHWM``: its peak),
+    bytes; 0 when it is gone."""
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(f"{field_name}:"):
+                return int(line.split()[1]) * 1024
+    return 0

@@ -155,7 +155,4 @@ class Sidecar:
         processes.kill(self.process)
 
     def rss_bytes(self) -> int:
-        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-        return 0
+        return processes.rss_bytes(self.process.pid)

@@ -40,6 +40,18 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="sizes from this on: (b) and (d) only, the link warmwatch on a copy",
     )
+    clients.add_argument(
+        "--link-copy-from",
+        type=int,
+        default=None,
+        help="sizes from this on: the link warmwatch starts on a copy of the local one",
+    )
+    clients.add_argument(
+        "--kinds",
+        default=None,
+        help="client kinds, comma-separated (default all): dynamic, typed-json, "
+        "typed-protobuf, metadata, controller-manager",
+    )
     parser.add_argument("--out", type=Path, help="also write the table to this file")
     parser.add_argument("--chart", type=Path, help="also draw the results as a PNG chart here")
     million = parser.add_argument_group("--million: the million-object bar")

@@ -3,7 +3,8 @@
     python -m loadtest.bench --clients --dir /tmp/warmwatch-bench-clients \\
         [--sizes 10000,100000] [--kb 2] [--runs 1] [--out FILE] \\
         [--link-latency-ms 25] [--link-jitter-ms 0] [--link-kb 5000] \\
-        [--warmwatch-only-from N]
+        [--warmwatch-only-from N] [--link-copy-from N] \\
+        [--kinds dynamic,typed-json,typed-protobuf,metadata,controller-manager]
 
 Time-to-synced of four client-go clients (tests/goclient), one informer each on ConfigMaps of
 ~KB KiB of incompressible data (base64 of random bytes, which gzip shrinks only to ~75%: the
@@ -32,24 +33,33 @@ follows the same one):
 - (d) through a warm warmwatch whose upstream kubeconfig points through that same link
   (filled through it beforehand, primed like (b)).
 
-With ``--warmwatch-only-from N``, sizes of N and more measure (b) and (d) only (the
-apiserver's own LIST of a million objects takes minutes, over the link an hour), and the
-link warmwatch starts on a copy of the local one's database, taken after every kind's first
-start (filling it over the link would take as long); it resumes its watches from the copy's
-resourceVersions over the link, like any warm restart.
+``--kinds`` picks some of the kinds (their keys above, in this order). With
+``--link-copy-from N``, at sizes of N and more the link warmwatch starts on a copy of the
+local one's database, taken after every kind's first start through the local one (filling a
+million objects over the link would take most of an hour); it resumes its watches from the
+copy's resourceVersions over the link, like any warm restart. Each first start is repeated
+until the client syncs (kube-controller-manager's garbage collector gives up after 30 s) and
+the attempts are noted. ``--warmwatch-only-from N`` does the same and also measures (b) and
+(d) only.
 
 "Time-to-synced" is seconds from starting the program until its informer reports synced
 (discovery, LIST or WatchList, decoding: everything a restarted controller waits for);
 the median of --runs. The client prints no line per object (``--no-events``): writing and
-parsing them cost more than the sync itself at 300,000 objects. Around each measurement through warmwatch its metrics are read: more
-passed-through requests than the client's one discovery request (kube-controller-manager writes
-and is not checked) mean its LIST or WATCH went
-to the apiserver instead of the cache (initial events of a WatchList are not counted in
-``warmwatch_events_out_total``, so passthrough is the signal); upstream relists and failed
-passthroughs are noted too. Before the runs each warmwatch is asked a one-object LIST and
-WatchList with each kind's Accept header to see which encoding it answers. Anything odd goes to the notes under the table. Prints one
-markdown table (with its conditions and notes) to stdout, and to --out FILE; progress goes to
-stderr. Warmwatch logs sit next to their databases in DIR (``ww-*.log``).
+parsing them cost more than the sync itself at 300,000 objects.
+
+Around each measurement through warmwatch its metrics are read: more passed-through requests
+than the client's one discovery request (kube-controller-manager writes and is not checked)
+mean its LIST or WATCH went to the apiserver instead of the cache (initial events of a
+WatchList are not counted in ``warmwatch_events_out_total``, so passthrough is the signal);
+upstream relists and failed passthroughs are noted too. Before the runs each warmwatch is
+asked a one-object LIST and WatchList with each kind's Accept header to see which encoding it
+answers. Around each measured cell the CPU time of the client, warmwatch, the apiserver and
+toxiproxy is read from /proc, and the client's peak RSS (VmHWM) before it stops: a second
+table gives their medians and µs per object, to show where the time goes.
+
+Prints markdown tables (with their conditions, and notes on anything odd) to stdout, and to
+--out FILE; progress goes to stderr. Warmwatch logs sit next to their databases in DIR
+(``ww-*.log``).
 """
 
 from __future__ import annotations
@@ -69,8 +79,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loadtest import charting, controllers, goclient, kubeapi, toxiproxy
-from loadtest.bench import say, scan_log
+from loadtest import charting, controllers, goclient, kubeapi, processes, toxiproxy
+from loadtest.bench import million, say, scan_log
 from loadtest.cluster import ControlPlane
 from loadtest.sidecar import Sidecar
 
@@ -105,6 +115,8 @@ _METADATA_ACCEPT = (
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ClientKind:
+    key: str
+    """Its name in ``--kinds``."""
     label: str
     mode: str
     protobuf: bool
@@ -130,6 +142,7 @@ start until every informer and monitor is synced."""
 
 CLIENT_KINDS = (
     ClientKind(
+        key="dynamic",
         label="dynamic informer, JSON",
         mode="informer",
         protobuf=False,
@@ -137,6 +150,7 @@ CLIENT_KINDS = (
         watch_accept="application/json",
     ),
     ClientKind(
+        key="typed-json",
         label="typed informer, JSON",
         mode="typed",
         protobuf=False,
@@ -145,6 +159,7 @@ CLIENT_KINDS = (
         watch_accept="application/json, */*",
     ),
     ClientKind(
+        key="typed-protobuf",
         label="typed informer, protobuf",
         mode="typed",
         protobuf=True,
@@ -152,6 +167,7 @@ CLIENT_KINDS = (
         watch_accept=f"{PROTOBUF},application/json",
     ),
     ClientKind(
+        key="metadata",
         label="metadata informer, protobuf",
         mode="metadata",
         protobuf=True,
@@ -159,6 +175,7 @@ CLIENT_KINDS = (
         watch_accept=_METADATA_ACCEPT.format(kind="PartialObjectMetadata"),
     ),
     ClientKind(
+        key="controller-manager",
         label="kube-controller-manager's informer set",
         mode=CONTROLLER_MANAGER,
         protobuf=True,
@@ -180,6 +197,37 @@ CONDITIONS = {
 }
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Costs:
+    """What one measurement cost each process: CPU seconds from the client's start until it
+    was stopped after syncing, and the client's peak memory (VmHWM)."""
+
+    client_cpu: float
+    client_peak: int
+    warmwatch_cpu: float
+    apiserver_cpu: float
+    toxiproxy_cpu: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Synced:
+    seconds: float
+    """From starting the client until synced; NaN when it failed."""
+    cpu: float
+    peak: int
+
+
+def _finish(pid: int, started: float) -> Synced:
+    """The client's figures once synced, read before it is stopped."""
+    seconds = time.monotonic() - started
+    return Synced(
+        seconds=seconds, cpu=processes.cpu_seconds(pid), peak=processes.rss_bytes(pid, "VmHWM")
+    )
+
+
+FAILED = Synced(seconds=float("nan"), cpu=float("nan"), peak=0)
+
+
 def random_configmap(name: str, *, kb: int) -> dict[str, Any]:
     """A ConfigMap of ``kb`` KiB of base64 of random bytes (gzip saves only its 25%)."""
     body = kubeapi.configmap(name=name, namespace=CLIENTS_NAMESPACE)
@@ -193,25 +241,29 @@ async def _count(api: kubeapi.RawClient) -> int:
 
 
 async def grow_random(plane: ControlPlane, *, to: int, kb: int) -> None:
-    """Create ConfigMaps of random data (64 at a time) until the namespace holds ``to``."""
+    """Create ConfigMaps cm-NNNNNNN of random data until the namespace holds ``to``, with
+    GROW_WRITERS concurrent POSTs: the local apiserver's pace on two cores (~1,200-1,800/s
+    at 1 KiB), so a million take 10-15 minutes."""
     async with kubeapi.RawClient(
         base_url=plane.server,
-        concurrency=64,
+        concurrency=GROW_WRITERS,
         ssl_context=kubeapi.client_ssl(plane.pki, identity="admin"),
     ) as api:
         await kubeapi.ensure_namespace(api, CLIENTS_NAMESPACE)
         have = await _count(api)
-        index, started, before = have, time.monotonic(), have
-        while have < to:
-            end = index + min(to - have, 5000)
-            await api.gather(
-                api.ensure(CLIENTS_PATH, random_configmap(f"cm-{i:07d}", kb=kb))
-                for i in range(index, end)
-            )
-            index = end
-            have = await _count(api)
-            rate = (have - before) / (time.monotonic() - started)
-            say(f"  {have} of {to} ConfigMaps ({rate:.0f}/s)")
+        if have >= to:
+            return
+        pool = await million.run_pool(
+            "create",
+            to - have,
+            lambda i: api.ensure(CLIENTS_PATH, random_configmap(f"cm-{have + i:07d}", kb=kb)),
+            api=api,
+        )
+        say(f"  {to:,} ConfigMaps: {pool.done:,} created in {pool.seconds:.0f} s")
+
+
+GROW_WRITERS = 256
+"""Concurrent creates while growing: enough to keep the apiserver's two cores busy."""
 
 
 DISCOVERY_REQUESTS = 1
@@ -320,20 +372,27 @@ class ClientsBench:
     binary: Path
     link: toxiproxy.Link
     samples: dict[tuple[str, int, str], list[float]] = field(default_factory=dict)
+    costs: dict[tuple[str, int, str], list[Costs]] = field(default_factory=dict)
+    kinds: tuple[ClientKind, ...] = CLIENT_KINDS
+    """``--kinds``."""
+    toxiproxy_pid: int = 0
     fills: dict[tuple[int, str], float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     watch_list: set[str] = field(default_factory=set)
     started_managers: int = 0
     warmwatch_only_from: float = math.inf
     """Sizes from this on measure (b) and (d) only (``--warmwatch-only-from``)."""
+    link_copy_from: float = math.inf
+    """Sizes from this on start (d)'s warmwatch on a copy of (b)'s (``--link-copy-from``;
+    implied by ``warmwatch_only_from``)."""
 
     def note(self, message: str) -> None:
         if message not in self.notes:
             self.notes.append(message)
         say(f"NOTE: {message}")
 
-    def sync(self, kind: ClientKind, kubeconfig: Path, *, expect: int, what: str) -> float:
-        """Seconds from starting the client until its informer synced (NaN when it failed)."""
+    def sync(self, kind: ClientKind, kubeconfig: Path, *, expect: int, what: str) -> Synced:
+        """The client started, waited for until its informer synced, and stopped."""
         if kind.is_controller_manager:
             return self.sync_controller_manager(kubeconfig, what=f"{what}, N={expect}")
         started = time.monotonic()
@@ -347,11 +406,11 @@ class ClientsBench:
         )
         try:
             synced = client.wait_synced(timeout=SYNC_TIMEOUT)[0]
-            seconds = time.monotonic() - started
+            figures = _finish(client.process.pid, started)
             start = client.start_line()
         except (RuntimeError, TimeoutError) as error:
             self.note(f"{kind.label}, {what}, N={expect}: failed: {error}")
-            return float("nan")
+            return FAILED
         finally:
             client.stop()
         self.watch_list.add(str(start.get("watchList")).lower())
@@ -361,9 +420,9 @@ class ClientsBench:
             self.note(f"{kind.label}: the client's start line does not show its flags: {start}")
         if synced["count"] != expect:
             self.note(f"{kind.label}, {what}: synced {synced['count']} objects, expected {expect}")
-        return seconds
+        return figures
 
-    def sync_controller_manager(self, kubeconfig: Path, *, what: str) -> float:
+    def sync_controller_manager(self, kubeconfig: Path, *, what: str) -> Synced:
         self.started_managers += 1
         label = what.split(")")[0].strip("(")
         manager = controllers.ControllerManager.start(
@@ -374,12 +433,18 @@ class ClientsBench:
             log=self.directory / "logs" / f"kcm-{self.started_managers:03d}-{label}.log",
         )
         try:
-            return manager.wait_synced(SYNC_TIMEOUT)
+            seconds = manager.wait_synced(SYNC_TIMEOUT)
+            pid = manager.process.pid
+            return Synced(
+                seconds=seconds,
+                cpu=processes.cpu_seconds(pid),
+                peak=processes.rss_bytes(pid, "VmHWM"),
+            )
         except (RuntimeError, TimeoutError, controllers.NotSynced) as error:
             # Its garbage collector gives up after 30 s, e.g. on its first start through a
             # warmwatch that fills every collection it asks for (not a measured run).
             self.note(f"kube-controller-manager, {what}: failed: {str(error)[:300]}")
-            return float("nan")
+            return FAILED
         finally:
             manager.stop()
 
@@ -397,7 +462,21 @@ class ClientsBench:
         False."""
         what = f"({condition}) {CONDITIONS[condition]}" + ("" if record else ", first start")
         before = Served.read(sidecar) if sidecar else None
-        seconds = self.sync(kind, kubeconfig, expect=size, what=what)
+        apiserver = self.plane.state().pids.get("kube-apiserver", 0)
+        cpu_before = [
+            processes.cpu_seconds(pid)
+            for pid in (sidecar.process.pid if sidecar else 0, apiserver, self.toxiproxy_pid)
+        ]
+        synced = self.sync(kind, kubeconfig, expect=size, what=what)
+        seconds = synced.seconds
+        warmwatch_cpu, apiserver_cpu, toxiproxy_cpu = (
+            processes.cpu_seconds(pid) - before_cpu
+            for pid, before_cpu in zip(
+                (sidecar.process.pid if sidecar else 0, apiserver, self.toxiproxy_pid),
+                cpu_before,
+                strict=True,
+            )
+        )
         detail = ""
         if sidecar is not None and before is not None:
             served = Served.read(sidecar).since(before)
@@ -413,14 +492,27 @@ class ClientsBench:
                 self.note(f"{kind.label}, {what}, N={size}: passthrough failures {failed}")
             if served.relists:
                 self.note(f"{kind.label}, {what}, N={size}: warmwatch relisted upstream")
-        say(f"{kind.label}, {what}, N={size}: synced in {seconds:.2f} s{detail}")
+        say(
+            f"{kind.label}, {what}, N={size}: synced in {seconds:.2f} s{detail}; CPU s: client "
+            f"{synced.cpu:.1f} (peak {synced.peak / 1e6:.0f} MB), warmwatch {warmwatch_cpu:.1f}, "
+            f"apiserver {apiserver_cpu:.1f}, toxiproxy {toxiproxy_cpu:.1f}"
+        )
         if record:
             self.samples.setdefault((kind.label, size, condition), []).append(seconds)
+            self.costs.setdefault((kind.label, size, condition), []).append(
+                Costs(
+                    client_cpu=synced.cpu,
+                    client_peak=synced.peak,
+                    warmwatch_cpu=warmwatch_cpu,
+                    apiserver_cpu=apiserver_cpu,
+                    toxiproxy_cpu=toxiproxy_cpu,
+                )
+            )
         return seconds
 
     def probe(self, sidecar: Sidecar, condition: str) -> None:
         before = Served.read(sidecar)
-        for kind in CLIENT_KINDS:
+        for kind in self.kinds:
             if kind.is_controller_manager:
                 continue
             for watch in (False, True):
@@ -466,19 +558,13 @@ class ClientsBench:
     def run_size(self, size: int, *, runs: int, link_kubeconfig: Path) -> None:
         direct = self.plane.admin_kubeconfig
         only_warmwatch = size >= self.warmwatch_only_from
+        copy = only_warmwatch or size >= self.link_copy_from
         conditions = "bd" if only_warmwatch else "abcd"
         local = self.start_sidecar("local", upstream=direct, size=size)
-        if only_warmwatch:
+        if copy:
             try:  # the clients' first start, before the copy: it holds what they learned
-                for kind in CLIENT_KINDS:
-                    # Until it syncs: kube-controller-manager's garbage collector gives up
-                    # after 30 s while warmwatch still fills what it learned from it.
-                    for _ in range(FIRST_START_ATTEMPTS):
-                        seconds = self.measure(
-                            kind, "b", local.kubeconfig, size=size, sidecar=local, record=False
-                        )
-                        if seconds == seconds:
-                            break
+                for kind in self.kinds:
+                    self.first_start(kind, local, size=size)
             finally:
                 local.stop()
             slow = self.start_sidecar("link", upstream=link_kubeconfig, size=size, copy_of=local)
@@ -499,8 +585,8 @@ class ClientsBench:
         try:
             self.probe(local, "b")
             self.probe(slow, "d")
-            if not only_warmwatch:
-                for kind in CLIENT_KINDS:  # the clients' first start: measured are restarts
+            if not copy:
+                for kind in self.kinds:  # the clients' first start: measured are restarts
                     for condition in "bd":
                         self.measure(
                             kind,
@@ -512,7 +598,7 @@ class ClientsBench:
                         )
             for run in range(1, runs + 1):
                 say(f"N={size}: run {run} of {runs}")
-                for kind in CLIENT_KINDS:
+                for kind in self.kinds:
                     # Every other run in reverse, and a pause before each: a condition must
                     # not inherit the previous one's aftermath (the apiserver freeing a
                     # 100,000-object answer it sent over the link, toxiproxy draining).
@@ -536,6 +622,23 @@ class ClientsBench:
                     + " | ".join(line[:300] for line in odd[:3])
                 )
 
+    def first_start(self, kind: ClientKind, sidecar: Sidecar, *, size: int) -> None:
+        """The client's first start through ``sidecar``, until it syncs: kube-controller-
+        manager's garbage collector gives up after 30 s while warmwatch still fills what it
+        learned from it. The attempts it took are noted."""
+        for attempt in range(1, FIRST_START_ATTEMPTS + 1):
+            seconds = self.measure(
+                kind, "b", sidecar.kubeconfig, size=size, sidecar=sidecar, record=False
+            )
+            if seconds == seconds:
+                if attempt > 1 or kind.is_controller_manager:
+                    self.note(
+                        f"{kind.label}, first start through warmwatch, N={size:,}: synced on "
+                        f"attempt {attempt} in {seconds:.1f} s"
+                    )
+                return
+        self.note(f"{kind.label}, first start through warmwatch, N={size:,}: never synced")
+
     def table(self, *, sizes: Sequence[int], runs: int, kb: int) -> list[str]:
         def median(label: str, size: int, condition: str) -> float:
             values = [v for v in self.samples.get((label, size, condition), []) if v == v]
@@ -551,7 +654,7 @@ class ClientsBench:
             f"N={size:,}: {self.fills[(size, 'local')]:.0f} s local, "
             + (
                 f"{self.fills[(size, 'link')]:.0f} s on a copy of it"
-                if size >= self.warmwatch_only_from
+                if size >= min(self.warmwatch_only_from, self.link_copy_from)
                 else f"{self.fills[(size, 'link')]:.0f} s over the link"
             )
             for size in sizes
@@ -570,14 +673,54 @@ class ClientsBench:
             "|---|---|---|---|---|---|---|---|---|",
         ]
         for size in sizes:
-            for kind in CLIENT_KINDS:
+            for kind in self.kinds:
                 a, b, c, d = (median(kind.label, size, x) for x in CONDITIONS)
                 lines.append(
                     f"| {kind.label} | {size:,} | {seconds(a)} | {seconds(b)} | {seconds(c)} | "
                     f"{seconds(d)} | {ratio(b, a)} | {ratio(d, b)} | {ratio(c, d)} |"
                 )
+        lines += self.costs_table(sizes=sizes)
         if self.notes:
             lines += ["", "Notes:", *(f"- {note}" for note in self.notes)]
+        return lines
+
+    def costs_table(self, *, sizes: Sequence[int]) -> list[str]:
+        """Where the time goes: each process's CPU per measured cell (medians), per object."""
+
+        def median(values: list[float]) -> float:
+            values = [v for v in values if v == v]
+            return statistics.median(values) if values else float("nan")
+
+        lines = [
+            "",
+            "CPU seconds each process spent from the client's start until it synced (medians; "
+            "µs per object in brackets), and the client's peak RSS:",
+            "",
+            "| client | objects | cell | synced s | client CPU s | client peak MB | warmwatch "
+            "CPU s | apiserver CPU s | toxiproxy CPU s |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for size in sizes:
+            for kind in self.kinds:
+                for condition in CONDITIONS:
+                    costs = self.costs.get((kind.label, size, condition))
+                    if not costs:
+                        continue
+                    synced = median(self.samples[(kind.label, size, condition)])
+                    client, warmwatch, apiserver = (
+                        median([c.client_cpu for c in costs]),
+                        median([c.warmwatch_cpu for c in costs]),
+                        median([c.apiserver_cpu for c in costs]),
+                    )
+                    peak = median([c.client_peak / 1e6 for c in costs])
+                    toxiproxy = median([c.toxiproxy_cpu for c in costs])
+                    client_s, warmwatch_s, apiserver_s = (
+                        f"{v:.1f} ({v / size * 1e6:.1f})" for v in (client, warmwatch, apiserver)
+                    )
+                    lines.append(
+                        f"| {kind.label} | {size:,} | ({condition}) | {synced:.2f} | {client_s} "
+                        f"| {peak:.0f} | {warmwatch_s} | {apiserver_s} | {toxiproxy:.1f} |"
+                    )
         return lines
 
 
@@ -592,14 +735,22 @@ def clients_main(args: argparse.Namespace) -> int:
     link = toxiproxy.Link(
         latency_ms=args.link_latency_ms, jitter_ms=args.link_jitter_ms, rate_kb=args.link_kb
     )
+    kinds = {kind.key: kind for kind in CLIENT_KINDS}
+    wanted = (args.kinds or ",".join(kinds)).split(",")
+    unknown = [key for key in wanted if key not in kinds]
+    if unknown:
+        raise SystemExit(f"--kinds: unknown {unknown}; known: {', '.join(kinds)}")
+    server = toxiproxy.Toxiproxy.start(log=directory / "toxiproxy.log")
     bench = ClientsBench(
         plane=plane,
         directory=directory,
         binary=binary,
         link=link,
+        kinds=tuple(kinds[key] for key in wanted),
+        toxiproxy_pid=server.process.pid,
         warmwatch_only_from=args.warmwatch_only_from or math.inf,
+        link_copy_from=args.link_copy_from or math.inf,
     )
-    server = toxiproxy.Toxiproxy.start(log=directory / "toxiproxy.log")
     try:
         proxy = server.create_proxy(
             "apiserver", upstream=f"127.0.0.1:{plane.state().apiserver_port}"

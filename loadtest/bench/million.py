@@ -167,7 +167,7 @@ class Pool:
         return self.done / self.seconds if self.seconds > 0 else float("nan")
 
 
-async def _run_pool(
+async def run_pool(
     what: str,
     count: int,
     make: Any,
@@ -242,7 +242,7 @@ async def fill_upstream(
         page = await api.get(path, limit="1")
         if page["items"]:
             raise SystemExit(f"namespace {namespace} is not empty: use a fresh --dir")
-        return await _run_pool(
+        return await run_pool(
             "create",
             count,
             lambda i: api.ensure(path, _million_configmap(_name(i), namespace)),
@@ -259,7 +259,7 @@ async def delete_half(plane: ControlPlane, *, namespace: str, count: int, concur
         concurrency=concurrency,
         ssl_context=kubeapi.client_ssl(plane.pki, identity="admin"),
     ) as api:
-        return await _run_pool(
+        return await run_pool(
             "delete", (count + 1) // 2, lambda i: api.delete(f"{path}/{_name(2 * i)}"), api=api
         )
 
