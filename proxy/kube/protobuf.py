@@ -266,6 +266,8 @@ def watch_event(message: bytes | memoryview) -> tuple[str, memoryview]:
 def varint(value: int) -> bytes:
     if value < 0x80:  # tags, and the lengths of most strings: one byte
         return _BYTES[value]
+    if value < 0x4000:  # the lengths of most objects (up to 16 KiB): two bytes, no loop
+        return bytes((value & 0x7F | 0x80, value >> 7))
     out = bytearray()
     while True:
         byte = value & 0x7F
@@ -314,8 +316,19 @@ def envelope_head(*, api_version: str, kind: str, raw_length: int) -> bytes:
 
 def envelope(*, api_version: str, kind: str, raw: bytes | memoryview) -> bytes:
     """``raw`` as a complete protobuf body (or watch event object)."""
-    head = envelope_head(api_version=api_version, kind=kind, raw_length=len(raw))
-    return b"".join((head, raw, ENVELOPE_TAIL))
+    return b"".join(envelope_parts(api_version=api_version, kind=kind, raw=raw))
+
+
+def envelope_parts(
+    *, api_version: str, kind: str, raw: bytes | memoryview
+) -> tuple[bytes, bytes | memoryview, bytes]:
+    """:func:`envelope` before it is joined: head, ``raw``, tail. A watch frame joins them
+    with its own header in one copy (:func:`watch_frame`)."""
+    return (
+        envelope_head(api_version=api_version, kind=kind, raw_length=len(raw)),
+        raw,
+        ENVELOPE_TAIL,
+    )
 
 
 def list_meta(*, resource_version: str) -> bytes:
@@ -328,15 +341,17 @@ def list_item(raw: bytes | memoryview) -> bytes:
     return delimited(2, raw)
 
 
-def watch_frame(event_type: str, enveloped: bytes | memoryview) -> bytes:
+def watch_frame(event_type: str, *enveloped: bytes | memoryview) -> bytes:
     """One frame of a protobuf watch stream: a 4-byte big-endian length, then the WatchEvent
-    ``{ 1: type, 2: RawExtension { 1: enveloped } }``, joined once (no copy per level)."""
+    ``{ 1: type, 2: RawExtension { 1: enveloped } }``, joined once (no copy per level).
+    ``enveloped`` may come in parts (:func:`envelope_parts`), which are concatenated."""
     type_field = _event_type(event_type)
-    raw_field = b"\x0a" + varint(len(enveloped))
-    extension_length = len(raw_field) + len(enveloped)
+    enveloped_length = sum(map(len, enveloped))
+    raw_field = b"\x0a" + varint(enveloped_length)
+    extension_length = len(raw_field) + enveloped_length
     extension_field = b"\x12" + varint(extension_length)
     length = len(type_field) + len(extension_field) + extension_length
-    return b"".join((length.to_bytes(4, "big"), type_field, extension_field, raw_field, enveloped))
+    return b"".join((length.to_bytes(4, "big"), type_field, extension_field, raw_field, *enveloped))
 
 
 @functools.lru_cache(maxsize=16)

@@ -152,7 +152,7 @@ class Renderer:
             return watch_frame(event_type, self.object(raw))
         return protobuf.watch_frame(
             str(event_type),
-            protobuf.envelope(
+            *protobuf.envelope_parts(
                 api_version=self.object_api_version, kind=self.object_kind, raw=self.object(raw)
             ),
         )

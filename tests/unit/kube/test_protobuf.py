@@ -117,6 +117,23 @@ def test_a_watch_frame_round_trips() -> None:
     assert bytes(protobuf.unwrap(enveloped).raw) == raw
 
 
+@pytest.mark.parametrize(
+    "value", [0, 1, 0x7F, 0x80, 0x81, 0x3FFF, 0x4000, 0x1FFFFF, 2**35, 2**63 - 1]
+)
+def test_varint_at_each_width(value: int) -> None:
+    assert protobuf.varint(value) == varint(value)
+    assert protobuf.read_varint(protobuf.varint(value), 0) == (value, len(varint(value)))
+
+
+@pytest.mark.parametrize("size", [10, 200, 20_000])
+def test_a_watch_frame_of_envelope_parts_is_the_frame_of_the_envelope(size: int) -> None:
+    raw = configmap("cm", "ns", "77") + b"\x00" * size
+    parts = protobuf.envelope_parts(api_version="v1", kind="ConfigMap", raw=raw)
+    whole = protobuf.envelope(api_version="v1", kind="ConfigMap", raw=raw)
+    assert protobuf.watch_frame("ADDED", *parts) == protobuf.watch_frame("ADDED", whole)
+    assert b"".join(parts) == whole
+
+
 def test_a_list_is_its_envelope_meta_and_items() -> None:
     items = [configmap(f"c{i}", "ns", str(i)) for i in range(3)]
     body_raw = protobuf.list_meta(resource_version="9") + b"".join(
