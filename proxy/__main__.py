@@ -116,6 +116,24 @@ def _seeding_flags(p: argparse.ArgumentParser) -> None:
     )
     p.set_defaults(env_seed_peers=env_peers)
     p.add_argument(
+        "--pod-name",
+        default=_env("pod-name"),
+        help="this warmwatch's pod (the downward API's metadata.name): with --seed auto and "
+        "no --seed-peer, the running pods of its workload are the peers",
+    )
+    p.add_argument(
+        "--pod-namespace",
+        default=_env("pod-namespace"),
+        help="the pod's namespace (the downward API's metadata.namespace)",
+    )
+    p.add_argument(
+        "--seed-peer-port",
+        type=int,
+        default=_env("seed-peer-port"),  # (argparse converts a string default with type)
+        help="the metrics port of the peers found by --pod-name (default: the port of "
+        "--metrics-listen: a workload's pods share their flags)",
+    )
+    p.add_argument(
         "--seed-token-file",
         type=Path,
         default=_env("seed-token-file"),
@@ -389,15 +407,16 @@ def parser() -> argparse.ArgumentParser:
 
 def settings_from(args: argparse.Namespace) -> Settings:
     resources = tuple(ResourceFlag.parse(r) for r in (args.resource or args.env_resources))
+    metrics_listen = (
+        args.metrics_listen
+        if isinstance(args.metrics_listen, tuple)
+        else _address(args.metrics_listen)
+    )
     return Settings(
         kubeconfig=args.kubeconfig,
         context=args.context,
         listen=args.listen if isinstance(args.listen, tuple) else _address(args.listen),
-        metrics_listen=(
-            args.metrics_listen
-            if isinstance(args.metrics_listen, tuple)
-            else _address(args.metrics_listen)
-        ),
+        metrics_listen=metrics_listen,
         db=Path(args.db),
         resources=resources,
         client_auth=ClientAuth.parse(args.client_auth),
@@ -429,6 +448,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
             mode=args.seed,
             peers=tuple(args.seed_peer or args.env_seed_peers),
             token_file=Path(args.seed_token_file) if args.seed_token_file else None,
+            pod_name=args.pod_name or None,
+            pod_namespace=args.pod_namespace or None,
+            peer_port=args.seed_peer_port or metrics_listen[1],
             timeout=args.seed_timeout,
             seconds_per_gib=args.seed_seconds_per_gib,
         ),

@@ -1,7 +1,8 @@
 """Peer seeding: a new warmwatch starts from a peer's snapshot (docs/design.md §3).
 
 At start, when the database is new (``snapshotting.is_new``) and peers are named
-(``--seed-peer``), :func:`seed` asks each in turn for ``GET /seed`` on its metrics listener
+(``--seed-peer``) or found (``peering.look_up``: the running pods of the same workload, when
+``--pod-name`` and ``--pod-namespace`` say which pod this is), :func:`seed` asks each in turn for ``GET /seed`` on its metrics listener
 (``serve.seeding``) with a token of its own identity for :data:`AUDIENCE`
 (``--seed-token-file``), writes the answer beside the database, checks its length and
 SHA-256 (:data:`DIGEST_HEADER`), then the file itself (``snapshotting.check_snapshot``:
@@ -14,7 +15,8 @@ peer. One result is counted per start (``warmwatch_seedings_total{result}``):
 - ``refused``: every peer asked refused the token (401/403);
 - ``failed``: a peer or the snapshot failed (unreachable, truncated, corrupt, another
   cluster's, too slow), or this apiserver's identity cannot be read;
-- ``none``: not asked (``--seed=off``, no peer, or a database already there).
+- ``none``: not asked (``--seed=off``, no peer named or found, the lookup failed, or a
+  database already there).
 
 The peer is not the apiserver: this module talks to it with a client session of its own.
 """
@@ -37,6 +39,7 @@ from proxy.cache.store import StorageError, Store, keep_private
 from proxy.metrics import Metrics
 from proxy.upstream.connecting import Upstream
 from proxy.upstream.errors import UpstreamError, UpstreamStatusError
+from proxy.upstream.peering import look_up
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +70,17 @@ class SeedSettings:
     mode: Literal["auto", "off"] = "auto"
     """``auto``: seed a new database from a named peer; ``off``: never ask."""
     peers: tuple[tuple[str, int], ...] = ()
-    """Peers' metrics listeners (``--seed-peer``), asked in order until one gives a snapshot."""
+    """Peers' metrics listeners (``--seed-peer``), asked in order until one gives a snapshot.
+    None named: looked up from ``pod_name`` and ``pod_namespace``."""
+    pod_name: str | None = None
+    pod_namespace: str | None = None
+    """This warmwatch's pod (``--pod-name``, ``--pod-namespace``; the downward API in a pod),
+    whose workload's other pods are the peers when none is named. Unset: no lookup (outside
+    a pod there is no workload)."""
+    peer_port: int = 9090
+    """The port of the peers found by lookup (``--seed-peer-port``). Every pod of a workload
+    runs with the same flags, so the command line makes it this warmwatch's own metrics
+    port; the default here is ``--metrics-listen``'s."""
     token_file: Path | None = None
     """A token of warmwatch's own identity for :data:`AUDIENCE` (a projected service-account
     token in a pod), read at each start. Without it no peer is asked."""
@@ -86,6 +99,10 @@ class SeedSettings:
             raise ValueError(f"--seed must be auto or off, not {self.mode!r}")
         if not self.timeout > 0 or self.seconds_per_gib < 0:
             raise ValueError("--seed-timeout must be positive, --seed-seconds-per-gib not negative")
+        if (self.pod_name is None) != (self.pod_namespace is None):
+            raise ValueError("--pod-name and --pod-namespace go together")
+        if not 0 < self.peer_port < 65536:
+            raise ValueError(f"--seed-peer-port must be a port, not {self.peer_port}")
 
     def bound(self, size: int) -> float:
         """Seconds the whole seeding may take for a snapshot of ``size`` bytes."""
@@ -160,18 +177,22 @@ async def seed(
 async def _seed(
     settings: SeedSettings, *, upstream: Upstream, database: Path, metrics: Metrics
 ) -> Result:
-    if settings.mode == "off" or not settings.peers:
+    if settings.mode == "off" or not (settings.peers or settings.pod_name):
         return "none"
     if not snapshotting.is_new(database):
         logger.info("seeding: not asked, %s is not a new database", database)
         return "none"
     if settings.token_file is None:
-        logger.warning("seeding: --seed-peer without --seed-token-file; starting cold")
+        logger.warning("seeding: no --seed-token-file, so no peer can be asked; starting cold")
         return "none"
     started = time.monotonic()
+    begun = asyncio.get_running_loop().time()
+    peers = settings.peers or await _find_peers(settings, upstream=upstream, until=begun)
+    if not peers:
+        return "none"
     refused = 0
     try:
-        async with asyncio.timeout(settings.bound(0)) as deadline:
+        async with asyncio.timeout_at(begun + settings.bound(0)) as deadline:
             token = settings.token_file.read_text().strip()
             cluster = await cluster_identity(upstream)
             if cluster is None:
@@ -180,7 +201,7 @@ async def _seed(
                     "be told from another cluster's; starting cold"
                 )
                 return "failed"
-            for peer in settings.peers:
+            for peer in peers:
                 try:
                     await _from_peer(
                         peer,
@@ -204,7 +225,37 @@ async def _seed(
         logger.warning("seeding: not done within its bound; starting cold")
     except (UpstreamError, OSError) as error:
         logger.warning("seeding: %s; starting cold", error)
-    return "refused" if refused == len(settings.peers) else "failed"
+    return "refused" if refused == len(peers) else "failed"
+
+
+async def _find_peers(
+    settings: SeedSettings, *, upstream: Upstream, until: float
+) -> tuple[tuple[str, int], ...]:
+    """The running pods of this pod's workload (``peering.look_up``), within the seeding's
+    fixed bound from ``until`` (the loop's clock); none when the lookup fails (no RBAC, no
+    such pod, the apiserver away): one line, and the start is cold."""
+    assert settings.pod_name is not None and settings.pod_namespace is not None
+    pod = f"{settings.pod_namespace}/{settings.pod_name}"
+    try:
+        async with asyncio.timeout_at(until + settings.timeout):
+            peers = await look_up(
+                upstream,
+                name=settings.pod_name,
+                namespace=settings.pod_namespace,
+                port=settings.peer_port,
+            )
+    except TimeoutError:
+        logger.warning("seeding: the peers of pod %s not found within %g s", pod, settings.timeout)
+        return ()
+    except UpstreamError as error:
+        logger.warning("seeding: the peers of pod %s cannot be looked up: %s", pod, error)
+        return ()
+    logger.info(
+        "seeding: peers of pod %s: %s",
+        pod,
+        ", ".join(f"{host}:{port}" for host, port in peers) or "none serving; starting cold",
+    )
+    return peers
 
 
 async def _from_peer(

@@ -68,3 +68,21 @@ def test_seeding_flags(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as refused:
         parser()
     assert refused.value.code == 2
+
+
+def test_pod_flags_for_the_peer_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
+    args = ["--pod-name=ctl-7d9f-x2", "--pod-namespace=team", "--metrics-listen=0.0.0.0:9100"]
+    seed = settings_from(parser().parse_args(args)).seed
+    assert (seed.pod_name, seed.pod_namespace, seed.peer_port) == ("ctl-7d9f-x2", "team", 9100)
+    seed = settings_from(parser().parse_args([*args, "--seed-peer-port=9090"])).seed
+    assert seed.peer_port == 9090
+    monkeypatch.setenv("WARMWATCH_POD_NAME", "ctl-0")
+    monkeypatch.setenv("WARMWATCH_POD_NAMESPACE", "ops")
+    monkeypatch.setenv("WARMWATCH_SEED_PEER_PORT", "9191")
+    seed = settings_from(parser().parse_args([])).seed
+    assert (seed.pod_name, seed.pod_namespace, seed.peer_port) == ("ctl-0", "ops", 9191)
+    with pytest.raises(ValueError, match="go together"):
+        settings_from(parser().parse_args(["--pod-name=ctl-0", "--pod-namespace="]))
+    monkeypatch.setenv("WARMWATCH_SEED_PEER_PORT", "ninety")
+    with pytest.raises(SystemExit):
+        parser().parse_args([])
