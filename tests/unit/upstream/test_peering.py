@@ -206,6 +206,9 @@ class Apiserver:
             return web.json_response({"items": self.pods})
         if request.path == "/api/v1/namespaces/kube-system":
             return web.json_response({"metadata": {"uid": "cluster"}})
+        if request.path == "/apis/authentication.k8s.io/v1/selfsubjectreviews":
+            user = {"username": "system:serviceaccount:team:ctl"}
+            return web.json_response({"status": {"userInfo": user}}, status=201)
         return web.json_response({"kind": "Status", "code": 404}, status=404)
 
 
@@ -247,9 +250,7 @@ async def test_a_refused_lookup_raises_the_apiservers_status(
 
 async def seeding(upstream: Upstream, tmp_path: Path, **options: Any) -> tuple[str, float]:
     """``seed`` with the pod named and no peer; its result and how long it took."""
-    token = tmp_path / "seed.token"
-    token.write_text("t")
-    settings = SeedSettings(pod_name="me", pod_namespace="team", token_file=token, **options)
+    settings = SeedSettings(pod_name="me", pod_namespace="team", **{"peer_port": PORT, **options})
     database = tmp_path / "new" / "cache.db"
     database.parent.mkdir(exist_ok=True)
     started = time.monotonic()
@@ -291,10 +292,13 @@ async def test_no_serving_peer_is_a_cold_start_without_asking_anyone(
     assert not any("kube-system" in seen for seen in fake.seen)
 
 
-async def test_a_found_peer_is_asked(apiserver: tuple[Apiserver, Upstream], tmp_path: Path) -> None:
+async def test_a_found_peer_is_asked(
+    apiserver: tuple[Apiserver, Upstream], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """The found peer (127.0.0.2: nobody listens) is asked, and its failure is a failure."""
     fake, upstream = apiserver
     fake.pods = [ME, pod("old", owners=[RS_OLD], ip="127.0.0.2")]
     result, took = await seeding(upstream, tmp_path, peer_port=1)
     assert result == "failed" and took < 5
     assert "/api/v1/namespaces/kube-system" in fake.seen
+    assert "seeding: peer 127.0.0.2:1 failed" in caplog.text
