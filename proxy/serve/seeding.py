@@ -13,6 +13,9 @@ answered only:
   credentials (a SelfSubjectReview, asked once): a token made for another listener (one a
   man in the middle captured) is not accepted. No token, or one the apiserver does not
   accept for that audience: 401; any other identity: 403; the apiserver unreachable: 503;
+- within :data:`REVIEW_RATE` requests a second per client address (:data:`REVIEW_BURST` at
+  once; else 429 before any review): the listener is on the pod network, and each request
+  with a token costs the apiserver a TokenReview;
 - one at a time (a second request meanwhile: 429), from a database whose cluster identity
   is recorded (``snapshotting.CLUSTER_KEY``; else 503: a peer could not tell it from another
   cluster's).
@@ -33,6 +36,7 @@ import io
 import logging
 import os
 from collections.abc import Awaitable, Callable
+from typing import Final
 
 from aiohttp import web
 
@@ -51,11 +55,17 @@ from proxy.upstream.binding import (
 )
 from proxy.upstream.connecting import Upstream
 from proxy.upstream.errors import UpstreamError
-from proxy.upstream.resilience import CircuitBreaker
+from proxy.upstream.resilience import CircuitBreaker, RateBuckets
 from proxy.upstream.reviewing import UserInfo, review_token, who_am_i
 from proxy.upstream.seeding import CHUNK, DIGEST_HEADER, SeedSettings
 
 logger = logging.getLogger(__name__)
+
+REVIEW_RATE: Final = 1.0
+REVIEW_BURST: Final = 10
+"""Requests with a token per second, and at once, from one address. A peer asks once per
+start (a few times when it retries), so this never limits a real one; anyone else on the pod
+network can spend at most this much of warmwatch's share of the apiserver on TokenReviews."""
 
 Reviewer = Callable[[str], Awaitable[UserInfo | None]]
 """A token's identity for ``binding.peer_audience`` of this listener's certificate (a
@@ -97,6 +107,7 @@ class SnapshotServer:
         self.audience = peer_audience(hashlib.sha256(certificate).hexdigest())
         """What a requester's token must be for: this listener's own certificate (DER)."""
         self._serving = asyncio.Lock()
+        self._reviews = RateBuckets(rate=REVIEW_RATE, burst=REVIEW_BURST)
         self._store: Store | None = None
         self._review: Reviewer | None = None
         self._own: UserInfo | None = None
@@ -148,6 +159,10 @@ class SnapshotServer:
         if store is None or review is None:
             raise StatusError.service_unavailable("warmwatch is starting", retry_after_seconds=1)
         token = bearer_token(request)
+        if token is not None and not self._reviews.take(request.remote or ""):
+            raise StatusError.too_many_requests(
+                "too many seeding requests from this address", retry_after_seconds=1
+            )
         await check_requester(token, review=review, own=self._own_identity)
         assert token is not None
         if self._serving.locked():

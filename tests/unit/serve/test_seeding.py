@@ -23,7 +23,7 @@ from proxy.serve import connections, routing
 from proxy.serve.certifying import make_pair
 from proxy.serve.limiting import Limits
 from proxy.serve.securing import ServingCertificate
-from proxy.serve.seeding import SnapshotServer, check_requester
+from proxy.serve.seeding import REVIEW_BURST, SnapshotServer, check_requester
 from proxy.upstream.binding import REPLY_HEADER, fingerprint, reply_audience
 from proxy.upstream.errors import UpstreamUnavailable
 from proxy.upstream.reviewing import UserInfo
@@ -201,6 +201,17 @@ async def test_a_second_request_meanwhile_is_429(
             status, _, body = await served.get()
         assert status == 429 and b'"reason":"TooManyRequests"' in body
         assert (await served.get())[0] == 200
+
+
+async def test_requests_with_a_token_are_limited_per_address(
+    store: Store, certificate: tuple[Path, Path]
+) -> None:
+    """Each costs a TokenReview: past the burst, 429 before any review."""
+    await store.record_cluster_identity("cluster-uid")
+    async with listener(store, certificate) as served:
+        codes = [(await served.get("stranger"))[0] for _ in range(REVIEW_BURST + 2)]
+        assert codes == [401] * REVIEW_BURST + [429, 429]
+        assert (await served.get(None))[0] == 401  # no token, no review: not limited
 
 
 async def test_without_a_cluster_identity_nothing_is_offered(
