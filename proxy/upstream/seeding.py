@@ -191,14 +191,16 @@ async def _seed(
     if not snapshotting.is_new(database):
         logger.info("seeding: not asked, %s is not a new database", database)
         return "none"
-    begun = asyncio.get_running_loop().time()
+    started, begun = time.monotonic(), asyncio.get_running_loop().time()
     peers = settings.peers or await _find_peers(settings, upstream=upstream, until=begun)
     if not peers:
         return "none"
     refused = 0
     try:
         async with asyncio.timeout_at(begun + settings.bound(0)) as deadline:
-            asking = await _asking(settings, upstream=upstream, metrics=metrics, deadline=deadline)
+            asking = await _asking(
+                settings, upstream=upstream, metrics=metrics, deadline=deadline, started=started
+            )
             if asking is None:
                 return "failed"
             for peer in peers:
@@ -232,10 +234,16 @@ class Asking:
     metrics: Metrics
     deadline: asyncio.Timeout
     started: float
+    """When the seeding began (``time.monotonic``), for its log line."""
 
 
 async def _asking(
-    settings: SeedSettings, *, upstream: Upstream, metrics: Metrics, deadline: asyncio.Timeout
+    settings: SeedSettings,
+    *,
+    upstream: Upstream,
+    metrics: Metrics,
+    deadline: asyncio.Timeout,
+    started: float,
 ) -> Asking | None:
     """The cluster's identity and warmwatch's own service account, or None (logged) when
     either is missing: no snapshot could then be checked, or no token be bound."""
@@ -263,7 +271,7 @@ async def _asking(
         cluster=cluster,
         metrics=metrics,
         deadline=deadline,
-        started=time.monotonic(),
+        started=started,
     )
 
 
