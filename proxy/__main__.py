@@ -97,8 +97,9 @@ def _seeding_flags(p: argparse.ArgumentParser) -> None:
         "--seed",
         choices=("auto", "off"),
         default=_env("seed", seeding.mode),
-        help="auto: a new database starts from a snapshot of a --seed-peer (the same service "
-        "account's warmwatch); off: never ask (default auto)",
+        help="auto: a new database starts from a snapshot of a peer (the same service "
+        "account's warmwatch: a --seed-peer, or one found with --pod-name); off: never ask "
+        "(default auto)",
     )
     try:
         env_peers = [
@@ -112,15 +113,34 @@ def _seeding_flags(p: argparse.ArgumentParser) -> None:
         type=_address,
         default=None,
         metavar="HOST:PORT",
-        help="a peer's metrics listener to seed from (repeatable; asked in order)",
+        help="a peer's seeding listener (its --seed-listen) to seed from (repeatable; asked "
+        "in order)",
     )
     p.set_defaults(env_seed_peers=env_peers)
     p.add_argument(
-        "--seed-token-file",
-        type=Path,
-        default=_env("seed-token-file"),
-        help="a token of warmwatch's own service account for the audience warmwatch.io/seed "
-        "(a projected service-account token), sent to peers",
+        "--pod-name",
+        default=_env("pod-name"),
+        help="this warmwatch's pod (the downward API's metadata.name): with --seed auto and "
+        "no --seed-peer, the running pods of its workload are the peers",
+    )
+    p.add_argument(
+        "--pod-namespace",
+        default=_env("pod-namespace"),
+        help="the pod's namespace (the downward API's metadata.namespace)",
+    )
+    p.add_argument(
+        "--seed-peer-port",
+        type=int,
+        default=_env("seed-peer-port"),  # (argparse converts a string default with type)
+        help="the seeding port of the peers found by --pod-name (default: the port of "
+        "--seed-listen: a workload's pods share their flags)",
+    )
+    p.add_argument(
+        "--seed-listen",
+        type=_address,
+        default=_env("seed-listen"),
+        metavar="HOST:PORT",
+        help="serve this warmwatch's cache to peers here, over TLS (default: not served)",
     )
     _number(
         p,
@@ -389,15 +409,20 @@ def parser() -> argparse.ArgumentParser:
 
 def settings_from(args: argparse.Namespace) -> Settings:
     resources = tuple(ResourceFlag.parse(r) for r in (args.resource or args.env_resources))
+    metrics_listen = (
+        args.metrics_listen
+        if isinstance(args.metrics_listen, tuple)
+        else _address(args.metrics_listen)
+    )
+    seed_listen = (
+        _address(args.seed_listen) if isinstance(args.seed_listen, str) else args.seed_listen
+    )
     return Settings(
         kubeconfig=args.kubeconfig,
         context=args.context,
         listen=args.listen if isinstance(args.listen, tuple) else _address(args.listen),
-        metrics_listen=(
-            args.metrics_listen
-            if isinstance(args.metrics_listen, tuple)
-            else _address(args.metrics_listen)
-        ),
+        metrics_listen=metrics_listen,
+        seed_listen=seed_listen,
         db=Path(args.db),
         resources=resources,
         client_auth=ClientAuth.parse(args.client_auth),
@@ -428,7 +453,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
         seed=SeedSettings(
             mode=args.seed,
             peers=tuple(args.seed_peer or args.env_seed_peers),
-            token_file=Path(args.seed_token_file) if args.seed_token_file else None,
+            pod_name=args.pod_name or None,
+            pod_namespace=args.pod_namespace or None,
+            peer_port=args.seed_peer_port or (seed_listen[1] if seed_listen else None),
             timeout=args.seed_timeout,
             seconds_per_gib=args.seed_seconds_per_gib,
         ),

@@ -67,6 +67,9 @@ class Settings:
     context: str | None = None
     listen: tuple[str, int] = ("127.0.0.1", 8001)
     metrics_listen: tuple[str, int] = ("127.0.0.1", 9090)
+    seed_listen: tuple[str, int] | None = None
+    """Serve the cache's snapshot to peers here (TLS, ``serve.seeding``). None: not served;
+    a port of its own is opened only when asked for (a pod's other processes, tests)."""
     db: Path = Path("warmwatch.db")
     resources: tuple[ResourceFlag, ...] = ()
     client_auth: ClientAuth = field(default_factory=lambda: ClientAuth(mode="none"))
@@ -245,13 +248,9 @@ class App:
                 "identity (like kubectl proxy); only for a loopback that only trusted "
                 "clients share (a pod's own, without hostNetwork)"
             )
-        snapshots = SnapshotServer(
-            loopback=is_loopback_address(settings.metrics_listen[0]), settings=settings.seed
-        )
         # The health port first: /livez answers while the cache opens, /readyz says "starting".
         await self._serve(
-            routing.health_app(metrics=self.metrics, ready=self.ready, snapshots=snapshots),
-            settings.metrics_listen,
+            routing.health_app(metrics=self.metrics, ready=self.ready), settings.metrics_listen
         )
         upstream = await connect(
             ConnectionSettings(
@@ -265,7 +264,6 @@ class App:
         store = await self._open_store(upstream)
         tokens = await self._client_tokens(upstream)
         breaker = CircuitBreaker(target="apiserver", metrics=self.metrics)
-        snapshots.bind(store=store, upstream=upstream, breaker=breaker)
         if settings.client_auth.mode == "delegated":
             self.delegation = Delegation(
                 upstream=upstream,
@@ -289,6 +287,7 @@ class App:
             api, settings.listen, ssl_context=certificate.context if certificate else None
         )
         self.serving = True
+        await self._serve_snapshots(store=store, upstream=upstream, breaker=breaker)
         if certificate is not None:
             self._tls_reload = asyncio.create_task(
                 self._reload_certificate(certificate), name="serving certificate reload"
@@ -299,6 +298,28 @@ class App:
             *settings.metrics_listen,
             len(store.shapes),
         )
+
+    async def _serve_snapshots(
+        self, *, store: Store, upstream: Upstream, breaker: CircuitBreaker
+    ) -> None:
+        """``--seed-listen``: the seeding listener, over TLS with the self-signed pair of
+        ``--cert-dir`` (else one made the same way in the database's directory), which
+        nobody verifies by name: the seeding tokens are bound to it (``upstream.binding``).
+        Opened after the API port: a peer can wait, the controller should not."""
+        address = self.settings.seed_listen
+        if address is None:
+            return
+        try:
+            cert_file, key_file = await self_signed(
+                self.settings.cert_dir or self.settings.store_settings().path.parent
+            )
+            certificate = ServingCertificate(cert_file=cert_file, key_file=key_file)
+            der = ssl.PEM_cert_to_DER_cert(cert_file.read_text())
+        except (OSError, ValueError) as error:  # ssl.SSLError is an OSError
+            raise StartRefused(f"cannot load the seeding certificate: {error}") from error
+        snapshots = SnapshotServer(settings=self.settings.seed, certificate=der)
+        snapshots.bind(store=store, upstream=upstream, breaker=breaker)
+        await self._serve(routing.seed_app(snapshots), address, ssl_context=certificate.context)
 
     async def _open_store(self, upstream: Upstream) -> Store:
         """The cache: seeded from a peer when new (``upstream.seeding``), then opened; its

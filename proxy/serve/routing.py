@@ -1,4 +1,5 @@
-"""The aiohttp applications: the API listener and the metrics/health listener.
+"""The aiohttp applications: the API listener, the metrics/health listener and the seeding
+listener.
 
 Every request on the API listener passes this module's middlewares (the request target, then
 Status answers around everything after), the client's authentication (``authenticating``),
@@ -146,14 +147,8 @@ def api_app(
     return app
 
 
-def health_app(
-    *,
-    metrics: Metrics,
-    ready: Callable[[], tuple[bool, str]],
-    snapshots: seeding.SnapshotServer | None = None,
-) -> web.Application:
-    """``/metrics``, ``/healthz``, ``/livez``, ``/readyz`` on their own port, and with
-    ``snapshots`` the cache's snapshot for a peer (``seeding``).
+def health_app(*, metrics: Metrics, ready: Callable[[], tuple[bool, str]]) -> web.Application:
+    """``/metrics``, ``/healthz``, ``/livez``, ``/readyz`` on their own port.
 
     ``/metrics`` is written on a thread, one scrape at a time: at the bounds (500 shapes, every
     series of 72 resources: 1.2 MB) that takes 70-180 ms of pure Python, which on the event loop
@@ -177,6 +172,11 @@ def health_app(
     for endpoint in HEALTH_ENDPOINTS:
         app.router.add_get(endpoint, probe)
         app.router.add_get(endpoint + "/{check:.+}", probe)
-    if snapshots is not None:
-        app.router.add_get(SEED_PATH, snapshots.handle)
+    return app
+
+
+def seed_app(snapshots: seeding.SnapshotServer) -> web.Application:
+    """``/seed`` on the seeding listener: the cache's snapshot for a peer (``seeding``)."""
+    app = web.Application(middlewares=[connections.middleware])
+    app.router.add_get(SEED_PATH, snapshots.handle)
     return app

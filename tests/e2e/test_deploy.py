@@ -108,6 +108,13 @@ def assert_sidecar_first(pod: dict[str, Any]) -> None:
         in sidecar["args"]
     )
     assert volumes["warmwatch-tls"]["emptyDir"]["medium"] == "Memory"
+    # Peer seeding: served on 9091 (TLS), the peers found from the pod's own name and
+    # namespace (the downward API).
+    env = {e["name"]: e for e in sidecar["env"]}
+    assert env["WARMWATCH_SEED_LISTEN"]["value"] == "0.0.0.0:9091"
+    for variable, field in (("POD_NAME", "metadata.name"), ("POD_NAMESPACE", "metadata.namespace")):
+        assert env[f"WARMWATCH_{variable}"]["valueFrom"] == {"fieldRef": {"fieldPath": field}}
+    assert {"name": "ww-seed", "containerPort": 9091} in sidecar["ports"]
 
 
 def test_component_on_a_deployment(kubectl: Kubectl, namespace: str, tmp_path: Path) -> None:
@@ -144,9 +151,54 @@ def test_example_overlay_on_a_statefulset(kubectl: Kubectl, namespace: str, tmp_
     sidecar = pod["initContainers"][0]
     assert sidecar["image"] == "registry.example.com/warmwatch:0.1.0"
     assert "--resource=v1/configmaps" in sidecar["args"]
-    (binding,) = (d for d in documents if d["kind"] == "ClusterRoleBinding")
-    assert binding["subjects"][0]["name"] == pod["serviceAccountName"]
+    account = pod["serviceAccountName"]
+    bindings = [d for d in documents if d["kind"] in ("ClusterRoleBinding", "RoleBinding")]
+    assert len(bindings) == 3
+    # (The subjects keep the example's own namespace under an outer kustomization's.)
+    subjects = [{"kind": "ServiceAccount", "name": account, "namespace": "my-controller"}]
+    assert all(binding["subjects"] == subjects for binding in bindings)
+    assert_seeding_rules(documents, account=account, namespace=namespace)
 
     out = apply_dry_run(kubectl, documents)
     assert "statefulset.apps/my-controller created (server dry run)" in out
     assert "clusterrole.rbac.authorization.k8s.io/my-controller-warmwatch" in out
+    assert "role.rbac.authorization.k8s.io/my-controller-warmwatch-seeding created" in out
+
+
+def assert_seeding_rules(documents: list[dict[str, Any]], *, account: str, namespace: str) -> None:
+    """What seeding asks of the apiserver, granted and no more: in the namespace, get its
+    pod, list pods and ReplicaSets (the lookup), and tokens of its own account only; in the
+    cluster, the kube-system namespace and TokenReviews."""
+    (role,) = (d for d in documents if d["kind"] == "Role")
+    assert role["metadata"]["namespace"] == namespace
+    granted = {
+        (group, resource, verb, tuple(rule.get("resourceNames", ())))
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    assert granted == {
+        ("", "pods", "get", ()),
+        ("", "pods", "list", ()),
+        ("apps", "replicasets", "list", ()),
+        ("", "serviceaccounts/token", "create", (account,)),
+    }
+    (cluster_role,) = (
+        d
+        for d in documents
+        if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-seeding")
+    )
+    assert cluster_role["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["namespaces"],
+            "resourceNames": ["kube-system"],
+            "verbs": ["get"],
+        },
+        {
+            "apiGroups": ["authentication.k8s.io"],
+            "resources": ["tokenreviews"],
+            "verbs": ["create"],
+        },
+    ]

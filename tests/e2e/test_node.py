@@ -13,8 +13,8 @@ with the sidecar's ``--cert-dir`` certificate, presenting the pod's token. The s
 the manager prints and what warmwatch's metrics show; the last one stops the node and checks
 that nothing of it is left on the machine.
 
-The pod runs with ``hostNetwork``: warmwatch listens on the host's 127.0.0.1:8001 and
-0.0.0.0:9090 (the component's ports), which the harness never hands out (ports.py: ≥ 10000).
+The pod runs with ``hostNetwork``: warmwatch listens on the host's 127.0.0.1:8001,
+0.0.0.0:9090 and 0.0.0.0:9091 (the component's ports), which the harness never hands out (ports.py: ≥ 10000).
 ``WARMWATCH_NODE_OBJECTS`` sets the number of ConfigMaps (default 1,000; the README's start
 times are from a run with 20,000, printed by the tests as ``node: ...`` lines).
 """
@@ -165,7 +165,7 @@ def _port_free(port: int, host: str = "127.0.0.1") -> bool:
 
 @pytest.fixture(scope="module")
 def node_test(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeTest]:
-    assert _port_free(8001) and _port_free(9090), "the component's ports are taken on this host"
+    assert all(map(_port_free, (8001, 9090, 9091))), "the component's ports are taken on this host"
     images.ensure_packages()  # iptables-save among them, on a fresh machine
     iptables_before = node_module.iptables_rules()
     plane = ControlPlane(tmp_path_factory.mktemp("node-plane"))
@@ -820,4 +820,4 @@ def test_down_leaves_nothing_behind(node_test: NodeTest) -> None:
     assert list(test.plane._ours()) == []
     assert test.plane.node.leftovers() == []
     assert node_module.iptables_rules() == test.iptables_before
-    assert _port_free(8001) and _port_free(9090)
+    assert all(map(_port_free, (8001, 9090, 9091)))

@@ -54,12 +54,11 @@ def test_every_flags_default_is_its_settings_field(monkeypatch: pytest.MonkeyPat
     assert settings_from(parser().parse_args([])) == expected
 
 
-def test_seeding_flags(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    token = tmp_path / "seed.token"
-    args = ["--seed-peer=10.0.0.7:9090", "--seed-peer=[fd00::7]:9090", f"--seed-token-file={token}"]
-    seed = settings_from(parser().parse_args(args)).seed
-    assert seed.peers == (("10.0.0.7", 9090), ("fd00::7", 9090))
-    assert (seed.mode, seed.token_file) == ("auto", token)
+def test_seeding_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    args = ["--seed-peer=10.0.0.7:9443", "--seed-peer=[fd00::7]:9443", "--seed-listen=0.0.0.0:9443"]
+    settings = settings_from(parser().parse_args(args))
+    assert settings.seed.peers == (("10.0.0.7", 9443), ("fd00::7", 9443))
+    assert (settings.seed.mode, settings.seed_listen) == ("auto", ("0.0.0.0", 9443))
     monkeypatch.setenv("WARMWATCH_SEED_PEER", "a:1, b:2")
     monkeypatch.setenv("WARMWATCH_SEED", "off")
     seed = settings_from(parser().parse_args([])).seed
@@ -68,3 +67,25 @@ def test_seeding_flags(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as refused:
         parser()
     assert refused.value.code == 2
+
+
+def test_pod_flags_for_the_peer_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
+    args = ["--pod-name=ctl-7d9f-x2", "--pod-namespace=team", "--seed-listen=0.0.0.0:9443"]
+    seed = settings_from(parser().parse_args(args)).seed
+    assert (seed.pod_name, seed.pod_namespace, seed.peer_port) == ("ctl-7d9f-x2", "team", 9443)
+    seed = settings_from(parser().parse_args([*args, "--seed-peer-port=9090"])).seed
+    assert seed.peer_port == 9090
+    with pytest.raises(ValueError, match="peers' port"):
+        settings_from(parser().parse_args(["--pod-name=ctl-0", "--pod-namespace=team"]))
+    monkeypatch.setenv("WARMWATCH_POD_NAME", "ctl-0")
+    monkeypatch.setenv("WARMWATCH_POD_NAMESPACE", "ops")
+    monkeypatch.setenv("WARMWATCH_SEED_PEER_PORT", "9191")
+    seed = settings_from(parser().parse_args([])).seed
+    assert (seed.pod_name, seed.pod_namespace, seed.peer_port) == ("ctl-0", "ops", 9191)
+    with pytest.raises(ValueError, match="go together"):
+        settings_from(parser().parse_args(["--pod-name=ctl-0", "--pod-namespace="]))
+    monkeypatch.setenv("WARMWATCH_SEED_LISTEN", "0.0.0.0:9443")
+    assert settings_from(parser().parse_args([])).seed_listen == ("0.0.0.0", 9443)
+    monkeypatch.setenv("WARMWATCH_SEED_PEER_PORT", "ninety")
+    with pytest.raises(SystemExit):
+        parser().parse_args([])

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -18,14 +20,18 @@ from proxy.kube.resources import GroupVersionResource
 from proxy.kube.status import StatusError
 from proxy.metrics import Metrics
 from proxy.serve import connections, routing
+from proxy.serve.certifying import make_pair
 from proxy.serve.limiting import Limits
-from proxy.serve.seeding import SnapshotServer, check_requester
+from proxy.serve.securing import ServingCertificate
+from proxy.serve.seeding import REVIEW_BURST, SnapshotServer, check_requester
+from proxy.upstream.binding import REPLY_HEADER, fingerprint, reply_audience
 from proxy.upstream.errors import UpstreamUnavailable
 from proxy.upstream.reviewing import UserInfo
 from proxy.upstream.seeding import DIGEST_HEADER, SEED_PATH, SeedSettings
 from tests.unit.cache.conftest import cm
 
 OWN = UserInfo(username="system:serviceaccount:team:ctl", uid="sa-uid")
+"""(The fake apiserver's own identity, and its service account ``team/ctl``.)"""
 TOKENS = {
     "own": OWN,
     "sibling": UserInfo(username="system:serviceaccount:team:other", uid="other-uid"),
@@ -66,38 +72,72 @@ async def test_a_review_that_cannot_be_made_is_503() -> None:
     assert refused.value.code == 503
 
 
-class Listener:
-    def __init__(self, server: SnapshotServer, url: str) -> None:
-        self.server, self.url = server, url
+class FakeUpstream:
+    """The apiserver's reviews and token requests. A token is ``IDENTITY@AUDIENCE``: the
+    TokenReview accepts it for that audience when TOKENS knows the identity."""
 
-    async def get(self, token: str | None = "own") -> tuple[int, dict[str, str], bytes]:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+    def __init__(self) -> None:
+        self.requested: list[str] = []
+
+    async def json_request(self, method: str, target: str, **options: Any) -> dict[str, Any]:
+        spec = (options.get("json") or {}).get("spec") or {}
+        if target.endswith("/tokenreviews"):
+            identity, _, audience = spec["token"].partition("@")
+            user = TOKENS.get(identity)
+            if user is None or audience not in spec["audiences"]:
+                return {"status": {"authenticated": False}}
+            payload = {"username": user.username, "uid": user.uid}
+            return {"status": {"authenticated": True, "user": payload, "audiences": [audience]}}
+        if target.endswith("/selfsubjectreviews"):
+            return {"status": {"userInfo": {"username": OWN.username, "uid": OWN.uid}}}
+        assert target == "/api/v1/namespaces/team/serviceaccounts/ctl/token", target
+        (audience,) = spec["audiences"]
+        self.requested.append(audience)
+        return {"status": {"token": f"own@{audience}"}}
+
+
+class Listener:
+    def __init__(self, server: SnapshotServer, url: str, upstream: FakeUpstream) -> None:
+        self.server, self.url, self.upstream = server, url, upstream
+
+    async def get(
+        self, identity: str | None = "own", *, audience: str | None = None
+    ) -> tuple[int, dict[str, str], bytes]:
+        """``/seed`` with a token of ``identity`` for ``audience`` (default: this
+        listener's)."""
+        token = f"{identity}@{audience or self.server.audience}"
+        headers = {"Authorization": f"Bearer {token}"} if identity else {}
         async with (
             aiohttp.ClientSession() as session,
-            session.get(f"{self.url}{SEED_PATH}", headers=headers) as answer,
+            session.get(f"{self.url}{SEED_PATH}", headers=headers, ssl=False) as answer,
         ):
             return answer.status, dict(answer.headers), await answer.read()
 
 
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return make_pair(tmp_path_factory.mktemp("seed-tls"))
+
+
 @contextlib.asynccontextmanager
-async def listener(store: Store | None, *, loopback: bool = True) -> AsyncIterator[Listener]:
-    server = SnapshotServer(loopback=loopback, settings=SeedSettings())
+async def listener(store: Store | None, certificate: tuple[Path, Path]) -> AsyncIterator[Listener]:
+    cert_file, key_file = certificate
+    der = ssl.PEM_cert_to_DER_cert(cert_file.read_text())
+    server = SnapshotServer(settings=SeedSettings(), certificate=der)
+    upstream = FakeUpstream()
     if store is not None:
-        server.bind(store=store, upstream=None, breaker=None)  # type: ignore[arg-type]
-        server._review = review  # the fake reviewer
-        server._own = OWN
-    app = routing.health_app(metrics=Metrics(), ready=lambda: (True, "ok"), snapshots=server)
+        server.bind(store=store, upstream=upstream, breaker=None)  # type: ignore[arg-type]
     port = free_port()
     runner, _ = await connections.serve(
-        app,
+        routing.seed_app(server),
         address=("127.0.0.1", port),
         limits=Limits(),
         metrics=Metrics(),
         shutdown_timeout=0.1,
-        ssl_context=None,
+        ssl_context=ServingCertificate(cert_file=cert_file, key_file=key_file).context,
     )
     try:
-        yield Listener(server, f"http://127.0.0.1:{port}")
+        yield Listener(server, f"https://127.0.0.1:{port}", upstream)
     finally:
         await runner.cleanup()
 
@@ -115,46 +155,73 @@ async def store(tmp_path: Path) -> AsyncIterator[Store]:
     await store.close()
 
 
-async def test_the_snapshot_is_sent_with_its_length_and_digest_then_deleted(
-    store: Store, tmp_path: Path
+async def test_the_snapshot_is_sent_with_its_length_digest_and_reply_then_deleted(
+    store: Store, tmp_path: Path, certificate: tuple[Path, Path]
 ) -> None:
     await store.record_cluster_identity("cluster-uid")
-    async with listener(store) as served:
+    async with listener(store, certificate) as served:
+        der = ssl.PEM_cert_to_DER_cert(certificate[0].read_text())
+        assert served.server.audience == f"warmwatch.io/seed/sha256:{fingerprint(der)}"
         status, headers, body = await served.get()
         assert status == 200
         assert int(headers["Content-Length"]) == len(body)
         assert headers[DIGEST_HEADER] == hashlib.sha256(body).hexdigest()
+        # The reply: a token of its own account for this request's token.
+        request_token = f"own@{served.server.audience}"
+        assert served.upstream.requested == [reply_audience(request_token)]
+        assert headers[REPLY_HEADER] == f"own@{reply_audience(request_token)}"
         received = tmp_path / "received.db"
         received.write_bytes(body)
         summary = snapshotting.check_snapshot(received, cluster_uid="cluster-uid")
         assert summary == snapshotting.Summary(shapes=1, objects=50)
         assert sorted(p.name for p in tmp_path.iterdir() if "seed" in p.name) == []
+
+
+async def test_only_a_token_bound_to_this_listeners_certificate_is_answered(
+    store: Store, certificate: tuple[Path, Path]
+) -> None:
+    """A token for another certificate (one a man in the middle captured) is refused."""
+    await store.record_cluster_identity("cluster-uid")
+    async with listener(store, certificate) as served:
+        other = f"warmwatch.io/seed/sha256:{'0' * 64}"
+        assert (await served.get(audience=other))[0] == 401
+        assert (await served.get(audience="warmwatch.io/seed"))[0] == 401  # unbound
         assert (await served.get("sibling"))[0] == 403
         assert (await served.get(None))[0] == 401
+        assert served.upstream.requested == []  # no reply token made for any of them
+        assert (await served.get())[0] == 200
 
 
-async def test_a_second_request_meanwhile_is_429(store: Store) -> None:
+async def test_a_second_request_meanwhile_is_429(
+    store: Store, certificate: tuple[Path, Path]
+) -> None:
     await store.record_cluster_identity("cluster-uid")
-    async with listener(store) as served:
+    async with listener(store, certificate) as served:
         async with served.server._serving:
             status, _, body = await served.get()
         assert status == 429 and b'"reason":"TooManyRequests"' in body
         assert (await served.get())[0] == 200
 
 
-async def test_without_a_cluster_identity_nothing_is_offered(store: Store) -> None:
-    async with listener(store) as served:
+async def test_requests_with_a_token_are_limited_per_address(
+    store: Store, certificate: tuple[Path, Path]
+) -> None:
+    """Each costs a TokenReview: past the burst, 429 before any review."""
+    await store.record_cluster_identity("cluster-uid")
+    async with listener(store, certificate) as served:
+        codes = [(await served.get("stranger"))[0] for _ in range(REVIEW_BURST + 2)]
+        assert codes == [401] * REVIEW_BURST + [429, 429]
+        assert (await served.get(None))[0] == 401  # no token, no review: not limited
+
+
+async def test_without_a_cluster_identity_nothing_is_offered(
+    store: Store, certificate: tuple[Path, Path]
+) -> None:
+    async with listener(store, certificate) as served:
         status, _, body = await served.get()
         assert status == 503 and b"kube-system" in body
 
 
-async def test_beyond_loopback_every_request_is_403(store: Store) -> None:
-    await store.record_cluster_identity("cluster-uid")
-    async with listener(store, loopback=False) as served:
-        status, _, body = await served.get()
-        assert status == 403 and b"TLS" in body
-
-
-async def test_while_starting_503() -> None:
-    async with listener(None) as served:
+async def test_while_starting_503(certificate: tuple[Path, Path]) -> None:
+    async with listener(None, certificate) as served:
         assert (await served.get())[0] == 503

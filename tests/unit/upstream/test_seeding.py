@@ -1,5 +1,7 @@
-"""Seeding from a fake peer (a small aiohttp server) with a fake apiserver identity: a good
-snapshot is installed; a refusal, a truncated or corrupted answer, another cluster's
+"""Seeding from a fake peer (a small aiohttp server over TLS) with a fake apiserver (the
+cluster's identity, warmwatch's own, its tokens and their reviews): a good snapshot is
+installed, asked with a token bound to the peer's certificate; a refusal, a peer that does
+not prove to be warmwatch's own account, a truncated or corrupted answer, another cluster's
 snapshot, an unreadable cluster identity or a peer too slow give a cold start with no file
 left; a database already there is never replaced."""
 
@@ -7,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,29 +21,45 @@ from aiohttp import web
 from loadtest.ports import free_port
 from proxy.cache import snapshotting
 from proxy.metrics import Metrics
+from proxy.serve.certifying import make_pair
+from proxy.upstream.binding import AUDIENCE, REPLY_HEADER, fingerprint, reply_audience
 from proxy.upstream.connecting import ConnectionSettings, Upstream, connect
 from proxy.upstream.errors import UpstreamStatusError
 from proxy.upstream.reviewing import review_token
-from proxy.upstream.seeding import (
-    AUDIENCE,
-    DIGEST_HEADER,
-    SEED_PATH,
-    SeedSettings,
-    seed,
-)
+from proxy.upstream.seeding import DIGEST_HEADER, SEED_PATH, SeedSettings, seed
 from tests.unit.cache.test_snapshotting import CLUSTER, database, snapshot_of
 from tests.unit.upstream.conftest import Served, token_kubeconfig
+
+OWN = {"username": "system:serviceaccount:team:ctl", "uid": "sa-uid"}
 
 
 @dataclass
 class FakeUpstream:
-    """The apiserver's answer about ``kube-system`` (only that is asked)."""
+    """The apiserver: ``kube-system`` (the cluster's identity), a SelfSubjectReview
+    (``identity``), TokenRequests (a token is ``USERNAME@AUDIENCE``) and TokenReviews of
+    such tokens."""
 
     uid: str | None = CLUSTER
+    identity: dict[str, str] = field(default_factory=lambda: dict(OWN))
     asked: list[str] = field(default_factory=list)
+    audiences: list[str] = field(default_factory=list)
+    """Of the tokens requested."""
 
-    async def json_request(self, method: str, target: str, **_: Any) -> dict[str, Any]:
+    async def json_request(self, method: str, target: str, **options: Any) -> dict[str, Any]:
         self.asked.append(f"{method} {target}")
+        spec = (options.get("json") or {}).get("spec") or {}
+        if target.endswith("/selfsubjectreviews"):
+            return {"status": {"userInfo": self.identity}}
+        if target.endswith("/token"):
+            assert target == "/api/v1/namespaces/team/serviceaccounts/ctl/token"
+            self.audiences += spec["audiences"]
+            return {"status": {"token": f"{OWN['username']}@{spec['audiences'][0]}"}}
+        if target.endswith("/tokenreviews"):
+            username, _, audience = spec["token"].partition("@")
+            if audience not in spec["audiences"]:
+                return {"status": {"authenticated": False}}
+            user = {"username": username, "uid": OWN["uid"]}
+            return {"status": {"authenticated": True, "user": user, "audiences": [audience]}}
         if self.uid is None:
             raise UpstreamStatusError(
                 code=403, reason="Forbidden", message="forbidden", status={"code": 403}
@@ -54,8 +73,17 @@ class FakePeer:
     answer: str = "good"
     tokens: list[str] = field(default_factory=list)
 
+    def reply(self, token: str) -> str:
+        """The reply token: a real peer's, or an impostor's."""
+        if self.answer == "impostor":  # another account's token for this request
+            return f"system:serviceaccount:team:other@{reply_audience(token)}"
+        if self.answer == "replayed":  # its account's, for another request
+            return f"{OWN['username']}@{reply_audience('another request')}"
+        return f"{OWN['username']}@{reply_audience(token)}"
+
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        self.tokens.append(request.headers.get("Authorization", ""))
+        token = request.headers.get("Authorization", "").removeprefix("Bearer ")
+        self.tokens.append(token)
         if self.answer == "refuse":
             return web.json_response({"kind": "Status", "code": 403}, status=403)
         if self.answer == "slow":
@@ -63,7 +91,10 @@ class FakePeer:
         body, digest = self.body, hashlib.sha256(self.body).hexdigest()
         if self.answer == "corrupt":  # a byte flipped in transit, after the digest
             body = body[:5000] + bytes([body[5000] ^ 1]) + body[5001:]
-        response = web.StreamResponse(headers={DIGEST_HEADER: digest})
+        headers = {DIGEST_HEADER: digest}
+        if self.answer != "no-reply":
+            headers[REPLY_HEADER] = self.reply(token)
+        response = web.StreamResponse(headers=headers)
         response.content_length = len(body)
         await response.prepare(request)
         if self.answer == "truncated":
@@ -76,8 +107,21 @@ class FakePeer:
         return response
 
 
+@dataclass
+class Peer:
+    fake: FakePeer
+    address: tuple[str, int]
+    certificate: bytes
+    """Its DER certificate."""
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return make_pair(tmp_path_factory.mktemp("peer-tls"))
+
+
 @pytest.fixture
-async def peer(tmp_path: Path) -> AsyncIterator[tuple[FakePeer, tuple[str, int]]]:
+async def peer(tmp_path: Path, pair: tuple[Path, Path]) -> AsyncIterator[Peer]:
     body = snapshot_of(database(tmp_path / "peer.db"), tmp_path / "peer-snapshot.db").read_bytes()
     fake = FakePeer(body=body)
     app = web.Application()
@@ -85,15 +129,16 @@ async def peer(tmp_path: Path) -> AsyncIterator[tuple[FakePeer, tuple[str, int]]
     runner = web.AppRunner(app, shutdown_timeout=0.1)
     await runner.setup()
     port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    yield fake, ("127.0.0.1", port)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(*pair)
+    await web.TCPSite(runner, "127.0.0.1", port, ssl_context=context).start()
+    der = ssl.PEM_cert_to_DER_cert(pair[0].read_text())
+    yield Peer(fake=fake, address=("127.0.0.1", port), certificate=der)
     await runner.cleanup()
 
 
-def settings(tmp_path: Path, address: tuple[str, int], **options: Any) -> SeedSettings:
-    token = tmp_path / "seed.token"
-    token.write_text("own-token\n")
-    return SeedSettings(peers=(address,), token_file=token, **options)
+def settings(address: tuple[str, int], **options: Any) -> SeedSettings:
+    return SeedSettings(peers=(address,), **options)
 
 
 async def run(
@@ -116,94 +161,108 @@ def leftovers(target: Path) -> list[str]:
     return sorted(path.name for path in target.parent.iterdir())
 
 
-async def test_a_good_snapshot_is_installed(
-    tmp_path: Path, peer: tuple[FakePeer, tuple[str, int]]
+async def test_a_good_snapshot_is_installed_asked_with_a_token_bound_to_the_peer(
+    tmp_path: Path, peer: Peer
 ) -> None:
-    fake, address = peer
-    result, metrics, target = await run(tmp_path, settings(tmp_path, address))
+    upstream = FakeUpstream()
+    result, metrics, target = await run(tmp_path, settings(peer.address), upstream=upstream)
     assert result == "installed"
-    assert fake.tokens == ["Bearer own-token"]
-    assert target.read_bytes() == fake.body
+    bound = f"warmwatch.io/seed/sha256:{fingerprint(peer.certificate)}"
+    assert upstream.audiences == [bound]
+    assert peer.fake.tokens == [f"{OWN['username']}@{bound}"]
+    assert target.read_bytes() == peer.fake.body
     assert leftovers(target) == ["cache.db"]
     assert target.stat().st_mode & 0o077 == 0
-    assert metrics.value("warmwatch_seeding_bytes_total") == len(fake.body)
+    assert metrics.value("warmwatch_seeding_bytes_total") == len(peer.fake.body)
     assert snapshotting.check_snapshot(target, cluster_uid=CLUSTER).objects == 300
+
+
+@pytest.mark.parametrize("answer", ["no-reply", "impostor", "replayed"])
+async def test_a_peer_that_does_not_prove_itself_is_not_read(
+    tmp_path: Path, peer: Peer, answer: str
+) -> None:
+    """An impostor (no reply token, another account's, or one for another request) could
+    send forged objects: nothing of its answer is written."""
+    peer.fake.answer = answer
+    result, metrics, target = await run(tmp_path, settings(peer.address))
+    assert (result, leftovers(target)) == ("failed", [])
+    assert metrics.value("warmwatch_seeding_bytes_total") == 0
+
+
+async def test_a_peer_whose_certificate_changed_is_not_sent_the_token(
+    tmp_path: Path, peer: Peer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The token is bound to the certificate seen first; a connection that then presents
+    another (a man in the middle) is closed before the request is sent."""
+    from proxy.upstream import seeding as seeding_module
+
+    async def another(address: tuple[str, int]) -> bytes:
+        return peer.certificate[:-1] + bytes([peer.certificate[-1] ^ 1])
+
+    monkeypatch.setattr(seeding_module, "peer_certificate", another)
+    result, _, target = await run(tmp_path, settings(peer.address))
+    assert (result, leftovers(target), peer.fake.tokens) == ("failed", [], [])
+
+
+async def test_an_identity_that_is_no_service_account_asks_nobody(
+    tmp_path: Path, peer: Peer
+) -> None:
+    admin = FakeUpstream(identity={"username": "kubernetes-admin"})
+    result, _, target = await run(tmp_path, settings(peer.address), upstream=admin)
+    assert (result, leftovers(target), peer.fake.tokens) == ("failed", [], [])
 
 
 @pytest.mark.parametrize("answer", ["truncated", "corrupt"])
 async def test_a_damaged_answer_fails_and_leaves_no_file(
-    tmp_path: Path, peer: tuple[FakePeer, tuple[str, int]], answer: str
+    tmp_path: Path, peer: Peer, answer: str
 ) -> None:
-    fake, address = peer
-    fake.answer = answer
-    result, _, target = await run(tmp_path, settings(tmp_path, address))
+    peer.fake.answer = answer
+    result, _, target = await run(tmp_path, settings(peer.address))
     assert result == "failed"
     assert leftovers(target) == []
 
 
-async def test_a_refusal_is_refused(tmp_path: Path, peer: tuple[FakePeer, tuple[str, int]]) -> None:
-    fake, address = peer
-    fake.answer = "refuse"
-    result, _, target = await run(tmp_path, settings(tmp_path, address))
+async def test_a_refusal_is_refused(tmp_path: Path, peer: Peer) -> None:
+    peer.fake.answer = "refuse"
+    result, _, target = await run(tmp_path, settings(peer.address))
     assert (result, leftovers(target)) == ("refused", [])
 
 
-async def test_another_clusters_snapshot_fails(
-    tmp_path: Path, peer: tuple[FakePeer, tuple[str, int]]
-) -> None:
-    _, address = peer
+async def test_another_clusters_snapshot_fails(tmp_path: Path, peer: Peer) -> None:
     other = FakeUpstream(uid="another-cluster")
-    result, _, target = await run(tmp_path, settings(tmp_path, address), upstream=other)
+    result, _, target = await run(tmp_path, settings(peer.address), upstream=other)
     assert (result, leftovers(target)) == ("failed", [])
 
 
-async def test_without_the_clusters_identity_no_peer_is_asked(
-    tmp_path: Path, peer: tuple[FakePeer, tuple[str, int]]
-) -> None:
-    fake, address = peer
+async def test_without_the_clusters_identity_no_peer_is_asked(tmp_path: Path, peer: Peer) -> None:
     blind = FakeUpstream(uid=None)
-    result, _, target = await run(tmp_path, settings(tmp_path, address), upstream=blind)
-    assert (result, leftovers(target), fake.tokens) == ("failed", [], [])
+    result, _, target = await run(tmp_path, settings(peer.address), upstream=blind)
+    assert (result, leftovers(target), peer.fake.tokens) == ("failed", [], [])
 
 
-async def test_a_slow_peer_is_given_up_within_the_bound(
-    tmp_path: Path, peer: tuple[FakePeer, tuple[str, int]]
-) -> None:
-    fake, address = peer
-    fake.answer = "slow"
+async def test_a_slow_peer_is_given_up_within_the_bound(tmp_path: Path, peer: Peer) -> None:
+    peer.fake.answer = "slow"
     started = asyncio.get_running_loop().time()
-    result, _, target = await run(tmp_path, settings(tmp_path, address, timeout=0.5))
+    result, _, target = await run(tmp_path, settings(peer.address, timeout=0.5))
     assert (result, leftovers(target)) == ("failed", [])
     assert asyncio.get_running_loop().time() - started < 5
 
 
-async def test_the_next_peer_is_asked_after_a_failure(
-    tmp_path: Path, peer: tuple[FakePeer, tuple[str, int]]
-) -> None:
-    _, address = peer
+async def test_the_next_peer_is_asked_after_a_failure(tmp_path: Path, peer: Peer) -> None:
     nobody = ("127.0.0.1", free_port())
-    seeding = settings(tmp_path, address)
-    seeding = SeedSettings(peers=(nobody, address), token_file=seeding.token_file)
-    result, _, target = await run(tmp_path, seeding)
+    result, _, target = await run(tmp_path, SeedSettings(peers=(nobody, peer.address)))
     assert (result, leftovers(target)) == ("installed", ["cache.db"])
 
 
-async def test_nothing_is_asked_unless_new_named_and_on(
-    tmp_path: Path, peer: tuple[FakePeer, tuple[str, int]]
-) -> None:
-    fake, address = peer
-    on = settings(tmp_path, address)
-    for seeding in (
-        SeedSettings(mode="off", peers=on.peers, token_file=on.token_file),
-        SeedSettings(token_file=on.token_file),
-        SeedSettings(peers=on.peers),
-    ):
+async def test_nothing_is_asked_unless_new_named_and_on(tmp_path: Path, peer: Peer) -> None:
+    on = settings(peer.address)
+    for seeding in (SeedSettings(mode="off", peers=on.peers), SeedSettings()):
         assert (await run(tmp_path, seeding))[0] == "none"
     warm = database(tmp_path / "new" / "cache.db")
     before = warm.read_bytes()
     assert (await run(tmp_path, on))[0] == "none"
     assert warm.read_bytes() == before
-    assert fake.tokens == []
+    assert peer.fake.tokens == []
 
 
 def test_the_bound_grows_with_the_snapshot() -> None:
@@ -212,7 +271,8 @@ def test_the_bound_grows_with_the_snapshot() -> None:
     assert seeding.bound(3 << 30) == 90
     with pytest.raises(ValueError, match="auto or off"):
         SeedSettings(mode="always")  # type: ignore[arg-type]
-    assert AUDIENCE == "warmwatch.io/seed"
+    with pytest.raises(ValueError, match="peers' port"):
+        SeedSettings(pod_name="p", pod_namespace="n")
 
 
 async def test_a_token_review_for_the_seeding_audience(tmp_path: Path) -> None:
