@@ -217,9 +217,8 @@ class Synced:
     peak: int
 
 
-def _finish(pid: int, started: float) -> Synced:
+def _finish(pid: int, seconds: float) -> Synced:
     """The client's figures once synced, read before it is stopped."""
-    seconds = time.monotonic() - started
     return Synced(
         seconds=seconds, cpu=processes.cpu_seconds(pid), peak=processes.rss_bytes(pid, "VmHWM")
     )
@@ -406,7 +405,7 @@ class ClientsBench:
         )
         try:
             synced = client.wait_synced(timeout=SYNC_TIMEOUT)[0]
-            figures = _finish(client.process.pid, started)
+            figures = _finish(client.process.pid, time.monotonic() - started)
             start = client.start_line()
         except (RuntimeError, TimeoutError) as error:
             self.note(f"{kind.label}, {what}, N={expect}: failed: {error}")
@@ -433,13 +432,7 @@ class ClientsBench:
             log=self.directory / "logs" / f"kcm-{self.started_managers:03d}-{label}.log",
         )
         try:
-            seconds = manager.wait_synced(SYNC_TIMEOUT)
-            pid = manager.process.pid
-            return Synced(
-                seconds=seconds,
-                cpu=processes.cpu_seconds(pid),
-                peak=processes.rss_bytes(pid, "VmHWM"),
-            )
+            return _finish(manager.process.pid, manager.wait_synced(SYNC_TIMEOUT))
         except (RuntimeError, TimeoutError, controllers.NotSynced) as error:
             # Its garbage collector gives up after 30 s, e.g. on its first start through a
             # warmwatch that fills every collection it asks for (not a measured run).

@@ -35,6 +35,16 @@ WATCH_EVENT_TYPES: Final[frozenset[str]] = frozenset(
 )
 
 
+class OwnerReference(TypedDict):
+    """``metav1.OwnerReference`` (without ``blockOwnerDeletion``)."""
+
+    apiVersion: str
+    kind: str
+    name: str
+    uid: str
+    controller: NotRequired[bool]
+
+
 class ObjectMeta(TypedDict, total=False):
     """``metav1.ObjectMeta`` (the keys the proxy may look at)."""
 
@@ -50,7 +60,7 @@ class ObjectMeta(TypedDict, total=False):
     deletionGracePeriodSeconds: int
     labels: dict[str, str]
     annotations: dict[str, str]
-    ownerReferences: list[dict[str, Any]]
+    ownerReferences: list[OwnerReference]
     finalizers: list[str]
     managedFields: list[dict[str, Any]]
 

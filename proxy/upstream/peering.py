@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from typing import Final, NotRequired, TypedDict, cast
+from typing import Final, TypedDict, cast
 from urllib.parse import quote
 
+from proxy.kube.payloads import ObjectMeta
 from proxy.upstream.connecting import Upstream
 
 logger = logging.getLogger(__name__)
@@ -45,23 +46,6 @@ controller's readiness probe failing, a standby) is still a peer when this conta
 ready — the cache is warmwatch's, not the controller's."""
 
 
-class OwnerReferencePayload(TypedDict):
-    apiVersion: str
-    kind: str
-    name: str
-    uid: str
-    controller: NotRequired[bool]
-
-
-class ObjectMetaPayload(TypedDict, total=False):
-    name: str
-    namespace: str
-    uid: str
-    creationTimestamp: str
-    deletionTimestamp: str
-    ownerReferences: list[OwnerReferencePayload]
-
-
 class ConditionPayload(TypedDict, total=False):
     type: str
     status: str
@@ -81,15 +65,15 @@ class PodStatusPayload(TypedDict, total=False):
 
 
 class PodPayload(TypedDict, total=False):
-    metadata: ObjectMetaPayload
+    metadata: ObjectMeta
     status: PodStatusPayload
 
 
 class ReplicaSetPayload(TypedDict, total=False):
-    metadata: ObjectMetaPayload
+    metadata: ObjectMeta
 
 
-def _controller(meta: ObjectMetaPayload) -> tuple[str, str] | None:
+def _controller(meta: ObjectMeta) -> tuple[str, str] | None:
     """The kind and uid of the object's controller: the owner reference marked so (at most
     one, by the API's validation); a ReplicaSet's kind is ``apps/ReplicaSet``, whatever its
     version (a custom resource may be named so too)."""
@@ -163,7 +147,7 @@ def choose_peers(
             continue
         if _serving(pod):
             ip = (pod.get("status") or {}).get("podIP", "")
-            found.append((meta.get("creationTimestamp", ""), meta.get("name", ""), ip))
+            found.append((meta.get("creationTimestamp") or "", meta.get("name", ""), ip))
     # RFC 3339 in UTC with second precision (the apiserver's form) sorts as text.
     found.sort(key=lambda item: (item[0], item[1]), reverse=True)
     return tuple((ip, port) for _, _, ip in found[:MAX_PEERS])
