@@ -8,6 +8,13 @@ warmwatch (``read_your_writes``), and serves the LIST (``listing``) or the WATCH
 stalls or is refused by the apiserver (the client then gets the apiserver's own answer to
 exactly its request), a most-recent read that does not catch up, a not-older-than
 resourceVersion the cache does not reach in time.
+
+A shape to fill behind (``Serve.learn_behind``: the protobuf collection of a protobuf client
+answered from the JSON one) is learned once the answer's list, or its watch's initial state,
+has been sent — or the request has ended. Its fill is a whole collection listed over the link
+and stored; begun at once, it would compete with the answer the client is waiting for (for
+CPU in warmwatch, in the apiserver and on the link). The client's later requests are served
+from the JSON collection until it is filled.
 """
 
 from __future__ import annotations
@@ -63,8 +70,6 @@ async def read_collection(
         if filled is None:
             return await pass_through(request, ctx)
         plan = plan.then(filled)
-    elif plan.learn_behind is not None:
-        await ctx.syncer.learn(plan.learn_behind)  # filled behind, not waited for
     return await _serve(request, ctx, plan, grant=grant)
 
 
@@ -90,10 +95,17 @@ async def _filled(ctx: Context, plan: Fill) -> Shape | None:
 async def _serve(
     request: web.Request, ctx: Context, plan: Serve, *, grant: Grant | None
 ) -> web.StreamResponse:
+    behind = plan.learn_behind
+
+    async def fill_behind() -> None:
+        if behind is not None:
+            await ctx.syncer.learn(behind)  # not waited for
+
     shape = plan.shape
     await ctx.store.touch(shape)
     caught_up = read_your_writes.caught_up
     if plan.most_recent and not await caught_up(ctx, shape, namespace=plan.namespace):
+        await fill_behind()
         return await pass_through(request, ctx)  # read your writes: the apiserver has them
     if plan.start is not None:
         watch = Watch(
@@ -105,6 +117,7 @@ async def _serve(
             renderer=plan.renderer,
             request=request,
             grant=grant,
+            initial_sent=fill_behind,
         )
         return await watch.serve()
     try:
@@ -116,10 +129,12 @@ async def _serve(
             renderer=plan.renderer,
             not_older_than=plan.not_older_than,
         )
-    except StatusError as behind:
-        if not behind.is_too_large_resource_version:
+    except StatusError as error:
+        if not error.is_too_large_resource_version:
             raise
         # The cache did not reach the RV in time. A quiet shape learns the current RV only
         # from the next bookmark (about a minute), while the apiserver asks etcd for it: the
         # apiserver answers (at once, or with this same 504 if the RV is really ahead).
         return await pass_through(request, ctx)
+    finally:
+        await fill_behind()

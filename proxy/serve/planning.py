@@ -135,7 +135,8 @@ class Serve:
     """Serve only once the cache shows the writes made through warmwatch."""
     why: Why
     learn_behind: ShapeKey | None = None
-    """Learn this shape (the client's protobuf one) without waiting for it."""
+    """Learn this shape (the client's protobuf one) without waiting for it, once the answer's
+    list or initial state is sent (``executing``)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

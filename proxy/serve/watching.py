@@ -20,7 +20,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from aiohttp import web
 
@@ -55,6 +55,7 @@ class Watch:
         renderer: Renderer,
         request: web.Request,
         grant: Grant | None = None,
+        initial_sent: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.ctx = ctx
         self.shape = shape
@@ -67,6 +68,9 @@ class Watch:
         """``--client-auth delegated``: authorized again every allow-TTL; the stream ends
         once it no longer holds (the client's relist then gets the 403)."""
         self.revoked = False
+        self.initial_sent = initial_sent
+        """Called once the initial state has been sent (at once for a watch without one), or
+        when the watch ends before that."""
         self.response = web.StreamResponse(
             status=200,
             headers={
@@ -122,6 +126,8 @@ class Watch:
         failure after the answer began is an ERROR event, then the end.
         """
         async with contextlib.AsyncExitStack() as initial:
+            if self.initial_sent is not None:
+                initial.push_async_callback(self.initial_sent)
             # The initial state's slot (``--max-list-streams``) is taken before the answer
             # begins, so that over the limit the answer is still a 429.
             if self.start.kind is WatchStartKind.INITIAL_STATE:

@@ -11,7 +11,7 @@ from typing import Any, cast
 from aiohttp import web
 
 from proxy.cache.freshness import RecentWrites
-from proxy.cache.shapes import Request, choose
+from proxy.cache.shapes import Request, ShapeKey, choose
 from proxy.cache.store import Store
 from proxy.metrics import Metrics
 from proxy.serve import routing
@@ -23,9 +23,20 @@ from proxy.upstream.syncing import SyncSettings
 
 @contextlib.asynccontextmanager
 async def serving(
-    store: Store, *, settings: ServeSettings, limits: Limits | None = None
+    store: Store,
+    *,
+    settings: ServeSettings,
+    limits: Limits | None = None,
+    learned: list[ShapeKey] | None = None,
 ) -> AsyncIterator[int]:
-    """The API listener on a free loopback port (yielded), serving ``store``'s shapes."""
+    """The API listener on a free loopback port (yielded), serving ``store``'s shapes.
+
+    ``learned``: warmwatch learns shapes, and each shape it learns is appended there (and not
+    filled); else it learns none."""
+
+    async def learn(key: ShapeKey) -> None:
+        assert learned is not None
+        learned.append(key)
 
     def find(request: Request, *, namespaced: bool | None) -> Any:
         key = choose(request, store.shapes.keys(), namespaced=namespaced)
@@ -39,6 +50,7 @@ async def serving(
                 find=find,
                 holds=lambda gvr: True,
                 has_protobuf=lambda gvr: gvr.may_have_protobuf,
+                learn=learn,
                 settings=SyncSettings(),
             ),
         ),
@@ -47,7 +59,7 @@ async def serving(
         metrics=Metrics(),
         settings=settings,
         credentials="sidecar",
-        learn=False,
+        learn=learned is not None,
         breaker=cast(Any, None),
         ready=lambda: (True, "ok"),
         writes=RecentWrites(),
