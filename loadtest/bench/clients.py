@@ -57,6 +57,12 @@ answers. Around each measured cell the CPU time of the client, warmwatch, the ap
 toxiproxy is read from /proc, and the client's peak RSS (VmHWM) before it stops: a second
 table gives their medians and µs per object, to show where the time goes.
 
+After the runs of each size, each informer kind's WatchList is also read in (a) and (b) by a
+reader that decodes nothing (``drain_watch_list``: the same Accept header and gzip as
+client-go, the stream searched for the initial-events-end bookmark in C, no object decoded):
+how long the server alone takes to send the initial state, and its CPU per object. When the
+client's sync takes much longer than that, what the restart waits for is the client.
+
 Prints markdown tables (with their conditions, and notes on anything odd) to stdout, and to
 --out FILE; progress goes to stderr. Warmwatch logs sit next to their databases in DIR
 (``ww-*.log``).
@@ -78,6 +84,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import aiohttp
 
 from loadtest import charting, controllers, goclient, kubeapi, processes, toxiproxy
 from loadtest.bench import million, say, scan_log
@@ -364,6 +372,67 @@ def probe_encoding(sidecar: Sidecar, *, accept: str, watch: bool) -> tuple[int, 
         connection.close()
 
 
+INITIAL_EVENTS_END = b"k8s.io/initial-events-end"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Drained:
+    """A WatchList's initial state read without decoding (``drain_watch_list``)."""
+
+    seconds: float
+    """From sending the request until the initial-events-end bookmark arrived."""
+    received: int
+    """Bytes received, after gzip."""
+    server_cpu: float
+    """CPU seconds the answering process spent meanwhile."""
+
+
+async def drain_watch_list(
+    *, base_url: str, ssl_context: Any, accept: str, server_pid: int, path: str = CLIENTS_PATH
+) -> Drained:
+    """Ask for the collection's WatchList as client-go does (``accept``, ``Accept-Encoding:
+    gzip``) and read it until its initial-events-end bookmark without decoding anything: the
+    stream is inflated (zlib, in C) and searched for the bookmark's annotation, which no
+    object of the benchmark holds."""
+    query = {
+        "watch": "true",
+        "sendInitialEvents": "true",
+        "resourceVersionMatch": "NotOlderThan",
+        "allowWatchBookmarks": "true",
+        "timeoutSeconds": "1800",
+    }
+    cpu_before = processes.cpu_seconds(server_pid)
+    started = time.monotonic()
+    received = 0
+    async with (
+        aiohttp.ClientSession(
+            base_url=base_url,
+            connector=aiohttp.TCPConnector(ssl=ssl_context or False),
+            timeout=aiohttp.ClientTimeout(total=SYNC_TIMEOUT),
+        ) as session,
+        session.get(
+            path, params=query, headers={"Accept": accept, "Accept-Encoding": "gzip"}
+        ) as response,
+    ):
+        response.raise_for_status()
+        tail = b""
+        async for chunk in response.content.iter_chunked(1 << 20):
+            received += len(chunk)
+            if INITIAL_EVENTS_END in tail + chunk[: len(INITIAL_EVENTS_END)] or (
+                INITIAL_EVENTS_END in chunk
+            ):
+                break
+            tail = chunk[-len(INITIAL_EVENTS_END) :]
+        else:
+            raise RuntimeError("the WatchList ended before its initial-events-end bookmark")
+        seconds = time.monotonic() - started
+    return Drained(
+        seconds=seconds,
+        received=received,
+        server_cpu=processes.cpu_seconds(server_pid) - cpu_before,
+    )
+
+
 @dataclass
 class ClientsBench:
     plane: ControlPlane
@@ -372,6 +441,8 @@ class ClientsBench:
     link: toxiproxy.Link
     samples: dict[tuple[str, int, str], list[float]] = field(default_factory=dict)
     costs: dict[tuple[str, int, str], list[Costs]] = field(default_factory=dict)
+    drained: dict[tuple[str, int, str], list[Drained]] = field(default_factory=dict)
+    """``drain``: (kind, N, condition) -> the WatchList read without decoding."""
     kinds: tuple[ClientKind, ...] = CLIENT_KINDS
     """``--kinds``."""
     toxiproxy_pid: int = 0
@@ -604,6 +675,10 @@ class ClientsBench:
                             size=size,
                             sidecar=sidecars.get(condition),
                         )
+            for _ in range(runs):
+                for condition in conditions:
+                    if condition in "ab":
+                        self.drain(condition, size=size, sidecar=sidecars.get(condition))
         finally:
             local.stop()
             slow.stop()
@@ -614,6 +689,45 @@ class ClientsBench:
                     f"{sidecar.log.name}: {len(odd)} warning/error lines, e.g. "
                     + " | ".join(line[:300] for line in odd[:3])
                 )
+
+    def drain(self, condition: str, *, size: int, sidecar: Sidecar | None) -> None:
+        """Each informer kind's WatchList read without decoding, in (a) or (b) (``sidecar``),
+        after :data:`SETTLE` s of quiet."""
+        if sidecar is None:
+            base_url, ssl_context = (
+                self.plane.server,
+                kubeapi.client_ssl(self.plane.pki, identity="admin"),
+            )
+            pid = self.plane.state().pids.get("kube-apiserver", 0)
+        else:
+            base_url, ssl_context, pid = (
+                f"http://127.0.0.1:{sidecar.port}",
+                None,
+                sidecar.process.pid,
+            )
+        for kind in self.kinds:
+            if kind.is_controller_manager:
+                continue
+            time.sleep(SETTLE)
+            before = Served.read(sidecar) if sidecar else None
+            drained = asyncio.run(
+                drain_watch_list(
+                    base_url=base_url,
+                    ssl_context=ssl_context,
+                    accept=kind.watch_accept,
+                    server_pid=pid,
+                )
+            )
+            if sidecar is not None and before is not None:
+                served = Served.read(sidecar).since(before)
+                if served.passthrough or served.relists:
+                    self.note(f"{kind.label}, ({condition}) read alone: {served.describe()}")
+            say(
+                f"{kind.label}, ({condition}) WatchList read without decoding, N={size}: "
+                f"{drained.seconds:.2f} s, {drained.received / 1e6:.0f} MB, server CPU "
+                f"{drained.server_cpu:.1f} s"
+            )
+            self.drained.setdefault((kind.label, size, condition), []).append(drained)
 
     def first_start(self, kind: ClientKind, sidecar: Sidecar, *, size: int) -> None:
         """The client's first start through ``sidecar``, until it syncs: kube-controller-
@@ -673,6 +787,7 @@ class ClientsBench:
                     f"{seconds(d)} | {ratio(b, a)} | {ratio(d, b)} | {ratio(c, d)} |"
                 )
         lines += self.costs_table(sizes=sizes)
+        lines += self.drained_table(sizes=sizes)
         if self.notes:
             lines += ["", "Notes:", *(f"- {note}" for note in self.notes)]
         return lines
@@ -713,6 +828,40 @@ class ClientsBench:
                     lines.append(
                         f"| {kind.label} | {size:,} | ({condition}) | {synced:.2f} | {client_s} "
                         f"| {peak:.0f} | {warmwatch_s} | {apiserver_s} | {toxiproxy:.1f} |"
+                    )
+        return lines
+
+    def drained_table(self, *, sizes: Sequence[int]) -> list[str]:
+        """The server alone: each informer's WatchList read without decoding, beside the
+        client's sync (medians)."""
+        if not self.drained:
+            return []
+        lines = [
+            "",
+            "The same WatchList read by a reader that decodes nothing (the server alone), "
+            "beside the client's sync (medians; server CPU µs per object in brackets):",
+            "",
+            "| client | objects | cell | read alone s | MB received | server CPU s | "
+            "client synced s | synced / read alone |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for size in sizes:
+            for kind in self.kinds:
+                for condition in "ab":
+                    drained = self.drained.get((kind.label, size, condition))
+                    if not drained:
+                        continue
+                    alone = statistics.median(d.seconds for d in drained)
+                    received = statistics.median(d.received for d in drained) / 1e6
+                    cpu = statistics.median(d.server_cpu for d in drained)
+                    synced = [
+                        v for v in self.samples.get((kind.label, size, condition), []) if v == v
+                    ]
+                    synced_s = statistics.median(synced) if synced else float("nan")
+                    lines.append(
+                        f"| {kind.label} | {size:,} | ({condition}) | {alone:.2f} | "
+                        f"{received:.0f} | {cpu:.1f} ({cpu / size * 1e6:.1f}) | {synced_s:.2f} | "
+                        f"{synced_s / alone:.1f}x |"
                     )
         return lines
 
