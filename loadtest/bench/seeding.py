@@ -182,7 +182,7 @@ class SeedingBench:
             peer.wait_ready(timeout=SYNC_TIMEOUT)
             self.peers[size] = (
                 f"{time.monotonic() - started:.1f} s over its link, "
-                f"{peer.metric('warmwatch_db_size_bytes') / 1e6:.0f} MB database"
+                f"{_file_bytes(peer.db) / 1e6:.0f} MB database and WAL"
             )
             say(f"peer: {size:,} objects, filled in {self.peers[size]}; log {peer.log}")
             for run in range(1, runs + 1):
@@ -321,6 +321,12 @@ class SeedingBench:
         if self.clients.notes:
             lines += ["", "Notes:", *(f"- {note}" for note in self.clients.notes)]
         return lines
+
+
+def _file_bytes(db: Path) -> int:
+    """A database's size with its write-ahead log."""
+    wal = db.with_name(db.name + "-wal")
+    return db.stat().st_size + (wal.stat().st_size if wal.exists() else 0)
 
 
 async def _accounts(plane: ControlPlane) -> dict[str, str]:
