@@ -27,7 +27,8 @@ In each cell the client starts once warmwatch is ready (``/readyz``, what
 stopped. Figures per cell: seconds from warmwatch's start until ready and until the client
 synced (the restart as the pod sees it), the client's own sync, and warmwatch's counters
 (``warmwatch_upstream_relists_total`` of the collection: its LISTs upstream;
-``warmwatch_seedings_total{result="installed"}``, ``warmwatch_seeding_bytes_total``); the
+``warmwatch_seedings_total{result="installed"}``, ``warmwatch_seeding_bytes_total``, and
+the seeding's own seconds from its log line: fetched, checked, installed); the
 bytes its link carried each way (toxiproxy's proxy metrics, counted as its connections close,
 so read after warmwatch stopped; the peer has a link of its own, not counted). Odd runs go
 cold, warm, seeded; even runs seeded, cold, warm, after SETTLE s of quiet each. The peer is
@@ -42,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import shutil
 import statistics
 import time
@@ -99,6 +101,9 @@ class Restart:
     installed: float
     """``SEEDINGS{result="installed"}``."""
     seed_bytes: float
+    seed_seconds: float
+    """From its log's ``seeded PATH from peer ...: ... in N s`` line (the seeding's own time:
+    fetched, checked, installed); NaN without one."""
     link_down: float
     """Bytes its link carried from the apiserver to warmwatch."""
     link_up: float
@@ -247,6 +252,7 @@ class SeedingBench:
             lists=exposition.total(text, RELISTS, {"resource": "v1/configmaps"}),
             installed=exposition.total(text, SEEDINGS, {"result": "installed"}),
             seed_bytes=exposition.total(text, SEED_BYTES),
+            seed_seconds=_seeding_seconds(sidecar),
             link_down=after["downstream"] - before["downstream"],
             link_up=after["upstream"] - before["upstream"],
         )
@@ -255,7 +261,7 @@ class SeedingBench:
             f"{what} N={size:,}: ready {restart.ready:.2f} s, client synced {restart.synced:.2f} s "
             f"after warmwatch's start ({restart.client:.2f} s its own); upstream LISTs "
             f"{restart.lists:.0f}, seeding installed {restart.installed:.0f} "
-            f"({restart.seed_bytes / 1e6:.1f} MB); link {restart.link_down / 1e6:.2f} MB down, "
+            f"({restart.seed_bytes / 1e6:.1f} MB in {restart.seed_seconds:.1f} s); link {restart.link_down / 1e6:.2f} MB down, "
             f"{restart.link_up / 1e6:.2f} MB up; log {sidecar.log}"
         )
         expected = {"cold": (1, 0), "seeded": (0, 1), "warm": (0, 0)}[condition]
@@ -302,7 +308,7 @@ class SeedingBench:
             + ".",
             "",
             "| restart | objects | warmwatch ready s | client synced s | client's own sync s "
-            "| ratio to cold | upstream LISTs | link MB down / up | seed MB |",
+            "| ratio to cold | upstream LISTs | link MB down / up | seed MB (s) |",
             "|---|---|---|---|---|---|---|---|---|",
         ]
         for size in sizes:
@@ -314,13 +320,24 @@ class SeedingBench:
                     f"| {label} | {size:,} | {number(median(size, condition, 'ready'))} | "
                     f"{number(synced)} | {number(median(size, condition, 'client'))} | {ratio} | "
                     f"{number(median(size, condition, 'lists'), 0)} | "
-                    f"{number(median(size, condition, 'link_down') / 1e6, 1)} / "
-                    f"{number(median(size, condition, 'link_up') / 1e6, 1)} | "
-                    f"{number(median(size, condition, 'seed_bytes') / 1e6, 1)} |"
+                    f"{number(median(size, condition, 'link_down') / 1e6)} / "
+                    f"{number(median(size, condition, 'link_up') / 1e6)} | "
+                    f"{number(median(size, condition, 'seed_bytes') / 1e6, 1)} "
+                    f"({number(median(size, condition, 'seed_seconds'), 1)}) |"
                 )
         if self.clients.notes:
             lines += ["", "Notes:", *(f"- {note}" for note in self.clients.notes)]
         return lines
+
+
+def _seeding_seconds(sidecar: Sidecar) -> float:
+    """The seeding's seconds from the log line of ``sidecar``'s database (NaN: none)."""
+    found = re.findall(
+        rf"seeded {re.escape(str(sidecar.db))} from peer \S+: .* in ([0-9.]+) s$",
+        sidecar.log.read_text(errors="replace"),
+        re.MULTILINE,
+    )
+    return float(found[-1]) if found else float("nan")
 
 
 def _file_bytes(db: Path) -> int:

@@ -59,6 +59,7 @@ def test_the_three_restarts_are_what_their_rows_say(bench: SeedingBench) -> None
     (cold,), (seeded,), (warm,) = (bench.samples[(OBJECTS, c)] for c in ("cold", "seeded", "warm"))
     assert (cold.lists, cold.installed, cold.seed_bytes) == (1, 0, 0)
     assert (seeded.lists, seeded.installed) == (0, 1) and seeded.seed_bytes > 0
+    assert seeded.seed_seconds > 0 and cold.seed_seconds != cold.seed_seconds  # NaN: none
     assert (warm.lists, warm.installed) == (0, 0)
     # The fill crossed the link (gzip takes a quarter off random data); a seeded or warm start
     # carries far less over it.
