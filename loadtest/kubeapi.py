@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -177,15 +177,17 @@ def custom_resource_definition(
     }
 
 
-async def service_account_token(client: RawClient, *, namespace: str, account: str) -> str:
-    """A bearer token of the service account (a TokenRequest, valid for an hour)."""
+async def service_account_token(
+    client: RawClient, *, namespace: str, account: str, audiences: Sequence[str] = ()
+) -> str:
+    """A bearer token of the service account (a TokenRequest, valid for an hour), for
+    ``audiences`` (none: the apiserver's own)."""
+    spec: dict[str, Any] = {"expirationSeconds": 3600}
+    if audiences:
+        spec["audiences"] = list(audiences)
     answer = await client.create(
         f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token",
-        {
-            "apiVersion": "authentication.k8s.io/v1",
-            "kind": "TokenRequest",
-            "spec": {"expirationSeconds": 3600},
-        },
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec},
     )
     return str(answer["status"]["token"])
 

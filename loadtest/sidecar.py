@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadtest import processes
+from loadtest import exposition, processes
 from loadtest.kubeapi import kubeconfig_for
 from loadtest.ports import free_port
 
@@ -130,21 +130,7 @@ class Sidecar:
 
     def metric(self, name: str, labels: dict[str, str] | None = None) -> float:
         """Sum of the samples of ``name`` whose labels include ``labels`` (0 when none)."""
-        total = 0.0
-        for line in self.metrics().splitlines():
-            if line.startswith("#") or not line.startswith(name):
-                continue
-            series, _, value = line.rpartition(" ")
-            metric, _, label_text = series.partition("{")
-            if metric != name:
-                continue
-            found = dict(
-                part.split("=", 1) for part in label_text.rstrip("}").split(",") if "=" in part
-            )
-            found = {k: v.strip('"') for k, v in found.items()}
-            if all(found.get(k) == v for k, v in (labels or {}).items()):
-                total += float(value)
-        return total
+        return exposition.total(self.metrics(), name, labels)
 
     def stop(self, timeout: float = 30) -> int:
         """SIGTERM (graceful), SIGKILL after ``timeout``; the exit code."""

@@ -7,6 +7,7 @@
     toxic = link.add_timeout()                                # blackhole: data dropped, kept open
     link.remove_toxic(toxic.name)
     kubeconfig_through(link, pki=plane.pki, identity="admin", path=DIR / "slow.kubeconfig")
+    link.bytes()      # {"upstream": ..., "downstream": ...} carried (Toxiproxy.start(metrics=True))
     server.stop()
 
 The server is built from the Go module proxy like the control plane (loadtest/building.py): a
@@ -40,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, cast
 
+from loadtest import exposition
 from loadtest.building import cache_root
 from loadtest.pki import Pki
 from loadtest.ports import free_port
@@ -140,15 +142,24 @@ class Toxiproxy:
     log: Path
 
     @classmethod
-    def start(cls, *, log: Path, binary: Path | None = None, attempts: int = 3) -> Toxiproxy:
-        """Start the server on a free loopback port; output (zerolog JSON) appended to ``log``."""
+    def start(
+        cls, *, log: Path, binary: Path | None = None, attempts: int = 3, metrics: bool = False
+    ) -> Toxiproxy:
+        """Start the server on a free loopback port; output (zerolog JSON) appended to ``log``.
+        ``metrics``: count the bytes each proxy carries (``-proxy-metrics``, read with
+        ``Proxy.bytes``)."""
         binary = binary or ensure_binary()
         log.parent.mkdir(parents=True, exist_ok=True)
         for attempt in range(1, attempts + 1):
             port = free_port()
             with open(log, "ab") as out:
                 process = subprocess.Popen(
-                    [str(binary), "-host=127.0.0.1", f"-port={port}"],
+                    [
+                        str(binary),
+                        "-host=127.0.0.1",
+                        f"-port={port}",
+                        *(["-proxy-metrics"] if metrics else []),
+                    ],
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=subprocess.STDOUT,
@@ -206,6 +217,10 @@ class Toxiproxy:
                 method, path, error.code, error.read().decode(errors="replace")
             ) from None
         return raw
+
+    def scrape(self) -> str:
+        """Its ``/metrics`` text (``start(metrics=True)``: the bytes each proxy carried)."""
+        return self._call("GET", "/metrics").decode(errors="replace")
 
     def version(self) -> str:
         """The server's version text (``git`` for a build from the module proxy, which carries
@@ -314,6 +329,18 @@ class Proxy:
 
     def delete(self) -> None:
         self.server.request("DELETE", self._path)
+
+    def bytes(self) -> dict[Stream, float]:
+        """The bytes this proxy has sent on, by direction (``upstream``: to the server), over
+        its connections that have closed: toxiproxy 2.5 counts a connection's bytes when it
+        ends, so stop the client first. The server must run with ``metrics``."""
+        text = self.server.scrape()
+        return {
+            stream: exposition.total(
+                text, "toxiproxy_proxy_sent_bytes_total", {"proxy": self.name, "direction": stream}
+            )
+            for stream in cast(tuple[Stream, ...], ("upstream", "downstream"))
+        }
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

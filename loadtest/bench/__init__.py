@@ -3,7 +3,9 @@
 
 - ``throughput``: memory and LIST throughput (the default);
 - ``clients`` (``--clients``): time-to-synced of client kinds on fast and slow links;
-- ``million`` (``--million``): the million-object bar.
+- ``million`` (``--million``): the million-object bar;
+- ``seeding`` (``--seeding``): a controller's restart with a new warmwatch (cold), one seeded
+  from a peer, and one on its own database (warm), over a slow link.
 
 Nothing is asserted: these are measurements, not tests.
 """

@@ -1,4 +1,4 @@
-"""``python -m loadtest.bench``: one of the three benchmarks, by flag."""
+"""``python -m loadtest.bench``: one of the four benchmarks, by flag."""
 
 from __future__ import annotations
 
@@ -8,27 +8,34 @@ from pathlib import Path
 
 from loadtest.bench import clients as clients_bench
 from loadtest.bench import million as million_bench
+from loadtest.bench import seeding as seeding_bench
 from loadtest.bench import throughput
 from loadtest.bench.clients import clients_main
 from loadtest.bench.million import million_main
+from loadtest.bench.seeding import seeding_main
 from loadtest.bench.throughput import throughput_main
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m loadtest.bench",
-        description="\n".join(m.__doc__ or "" for m in (throughput, clients_bench, million_bench)),
+        description="\n".join(
+            m.__doc__ or "" for m in (throughput, clients_bench, million_bench, seeding_bench)
+        ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--dir", type=Path, default=Path("/tmp/warmwatch-bench"))
     parser.add_argument(
         "--sizes",
         default=None,
-        help="default 10000,50000,200000; with --clients 10000,100000; with --million 1000000",
+        help="default 10000,50000,200000; with --clients 10000,100000; with --million 1000000; "
+        "with --seeding 100000",
     )
     parser.add_argument("--kb", type=int, default=2, help="data per ConfigMap, KiB")
     parser.add_argument("--keep", action="store_true", help="leave the control plane running")
-    clients = parser.add_argument_group("--clients: client kinds on fast and slow links")
+    clients = parser.add_argument_group(
+        "--clients: client kinds on fast and slow links (--runs and the link: also --seeding)"
+    )
     clients.add_argument("--clients", action="store_true", help="run this benchmark instead")
     clients.add_argument("--runs", type=int, default=1, help="measurements per cell (median)")
     clients.add_argument("--link-latency-ms", type=int, default=25, help="each direction")
@@ -67,7 +74,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     million.add_argument("--restarts", type=int, default=3, help="warm restarts (median)")
     million.add_argument("--list-runs", type=int, default=3, help="full LISTs each (best)")
+    seeding = parser.add_argument_group("--seeding: a restart cold, seeded from a peer, warm")
+    seeding.add_argument("--seeding", action="store_true", help="run this benchmark instead")
     args = parser.parse_args(argv)
+    if args.seeding:
+        return seeding_main(args)
     if args.clients:
         return clients_main(args)
     if args.million:

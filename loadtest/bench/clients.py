@@ -87,7 +87,7 @@ from typing import Any
 
 import aiohttp
 
-from loadtest import charting, controllers, goclient, kubeapi, processes, toxiproxy
+from loadtest import charting, controllers, exposition, goclient, kubeapi, processes, toxiproxy
 from loadtest.bench import million, say, scan_log
 from loadtest.cluster import ControlPlane
 from loadtest.sidecar import Sidecar
@@ -294,18 +294,14 @@ class Served:
     def read(cls, sidecar: Sidecar) -> Served:
         text = sidecar.metrics()
         passthrough: dict[str, float] = {}
-        for labels, value in _samples(text, "warmwatch_passthrough_requests_total"):
+        for labels, value in exposition.samples(text, "warmwatch_passthrough_requests_total"):
             key = f"{labels.get('verb')} {labels.get('code')}"
             passthrough[key] = passthrough.get(key, 0.0) + value
         return cls(
-            events_out=sum(v for _, v in _samples(text, "warmwatch_events_out_total")),
-            list_bytes=sum(
-                v
-                for labels, v in _samples(text, "warmwatch_list_bytes_total")
-                if labels.get("source") == "cache"
-            ),
+            events_out=exposition.total(text, "warmwatch_events_out_total"),
+            list_bytes=exposition.total(text, "warmwatch_list_bytes_total", {"source": "cache"}),
             passthrough=passthrough,
-            relists=sum(v for _, v in _samples(text, "warmwatch_upstream_relists_total")),
+            relists=exposition.total(text, "warmwatch_upstream_relists_total"),
         )
 
     def since(self, before: Served) -> Served:
@@ -330,22 +326,6 @@ class Served:
         if self.relists:
             parts.append(f"upstream relists {self.relists:.0f}")
         return ", ".join(parts)
-
-
-def _samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
-    found = []
-    for line in text.splitlines():
-        if line.startswith("#"):
-            continue
-        series, _, value = line.rpartition(" ")
-        metric, _, label_text = series.partition("{")
-        if metric != name:
-            continue
-        labels = dict(
-            part.split("=", 1) for part in label_text.rstrip("}").split(",") if "=" in part
-        )
-        found.append(({k: v.strip('"') for k, v in labels.items()}, float(value)))
-    return found
 
 
 def probe_encoding(sidecar: Sidecar, *, accept: str, watch: bool) -> tuple[int, str]:

@@ -31,7 +31,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from loadtest import kubeapi
+from loadtest import kubeapi, seeding
 from loadtest.cluster import ControlPlane
 from loadtest.goclient import GoClient
 from loadtest.ports import free_port
@@ -61,7 +61,7 @@ whatever the peer holds: a cold fill of OBJECTS would only make the test longer)
 
 RELISTS = "warmwatch_upstream_relists_total"
 SEEDINGS = "warmwatch_seedings_total"
-ACCOUNT = "warmwatch"
+ACCOUNT = seeding.ACCOUNT
 OTHER = "someone"
 
 
@@ -82,117 +82,23 @@ class Stage:
     directory: Path
 
 
-def _admin(plane: ControlPlane) -> kubeapi.RawClient:
-    return kubeapi.RawClient(
-        base_url=plane.server,
-        concurrency=64,
-        ssl_context=kubeapi.client_ssl(plane.pki, identity="admin"),
-    )
-
-
-async def _token(admin: kubeapi.RawClient, namespace: str, account: str, *audiences: str) -> str:
-    spec: dict[str, Any] = {"expirationSeconds": 3600}
-    if audiences:
-        spec["audiences"] = list(audiences)
-    answer = await admin.create(
-        f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token",
-        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec},
-    )
-    return str(answer["status"]["token"])
-
-
-def _binding(
-    name: str, *, kind: str, role: str, namespace: str, accounts: tuple[str, ...] = (ACCOUNT,)
-) -> dict[str, Any]:
-    return {
-        "metadata": {"name": name},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": role},
-        "subjects": [
-            {"kind": "ServiceAccount", "name": account, "namespace": namespace}
-            for account in accounts
-        ],
-    }
-
-
-def _rule(group: str, resource: str, *verbs: str, names: tuple[str, ...] = ()) -> Any:
-    rule: dict[str, Any] = {"apiGroups": [group], "resources": [resource], "verbs": list(verbs)}
-    if names:
-        rule["resourceNames"] = list(names)
-    return rule
-
-
-async def _grant(admin: kubeapi.RawClient, *, home: str, namespaces: tuple[str, ...]) -> None:
-    """What ACCOUNT and OTHER need: list and watch ConfigMaps, TokenReviews
-    (system:auth-delegator), get the kube-system namespace (the cluster's identity), and
-    tokens of their own (TokenRequest, each on itself only)."""
-    rbac, both = "/apis/rbac.authorization.k8s.io/v1", (ACCOUNT, OTHER)
-    for namespace in namespaces:
-        await admin.create(
-            f"{rbac}/namespaces/{namespace}/roles",
-            {
-                "metadata": {"name": "configmaps"},
-                "rules": [_rule("", "configmaps", "get", "list", "watch")],
-            },
-        )
-        await admin.create(
-            f"{rbac}/namespaces/{namespace}/rolebindings",
-            _binding("configmaps", kind="Role", role="configmaps", namespace=home, accounts=both),
-        )
-    for account in both:
-        await admin.create(
-            f"{rbac}/namespaces/{home}/roles",
-            {
-                "metadata": {"name": f"token-{account}"},
-                "rules": [_rule("", "serviceaccounts/token", "create", names=(account,))],
-            },
-        )
-        await admin.create(
-            f"{rbac}/namespaces/{home}/rolebindings",
-            _binding(
-                f"token-{account}",
-                kind="Role",
-                role=f"token-{account}",
-                namespace=home,
-                accounts=(account,),
-            ),
-        )
-    await admin.create(
-        f"{rbac}/clusterroles",
-        {
-            "metadata": {"name": home},
-            "rules": [_rule("", "namespaces", "get", names=("kube-system",))],
-        },
-    )
-    for name, role in ((home, home), (f"{home}-auth", "system:auth-delegator")):
-        await admin.create(
-            f"{rbac}/clusterrolebindings",
-            _binding(name, kind="ClusterRole", role=role, namespace=home, accounts=both),
-        )
-
-
 async def _prepare(plane: ControlPlane, directory: Path, *, big: str, small: str) -> Stage:
-    async with _admin(plane) as admin:
+    async with seeding.admin(plane) as admin:
         started = time.monotonic()
         await kubeapi.create_configmaps(admin, namespace=big, count=OBJECTS)
         print(f"created {OBJECTS} ConfigMaps in {time.monotonic() - started:.1f} s")
         await kubeapi.create_configmaps(admin, namespace=small, count=SMALL)
-        for account in (ACCOUNT, OTHER):
-            await admin.create(
-                f"/api/v1/namespaces/{big}/serviceaccounts", {"metadata": {"name": account}}
-            )
-        await _grant(admin, home=big, namespaces=(big, small))
-        apiserver_token = await _token(admin, big, ACCOUNT)
+        tokens = await seeding.make_accounts(
+            admin, home=big, namespaces=(big, small), accounts=(ACCOUNT, OTHER)
+        )
         upstream, other_upstream = (
             kubeapi.kubeconfig_for(
                 plane.server,
                 path=directory / f"{account}.kubeconfig",
-                token=token,
+                token=tokens[account],
                 ca=plane.pki.ca_cert,
             )
-            for account, token in (
-                (ACCOUNT, apiserver_token),
-                (OTHER, await _token(admin, big, OTHER)),
-            )
+            for account in (ACCOUNT, OTHER)
         )
     peer_dir = directory / "peer"
     peer_dir.mkdir()
@@ -208,7 +114,7 @@ async def _prepare(plane: ControlPlane, directory: Path, *, big: str, small: str
         small=small,
         upstream=upstream,
         other_upstream=other_upstream,
-        apiserver_token=apiserver_token,
+        apiserver_token=tokens[ACCOUNT],
         peer=peer,
         seed_port=seed_port,
         directory=directory,
@@ -219,13 +125,10 @@ async def _clean(plane: ControlPlane, stage: Stage) -> None:
     """The ConfigMaps one by one (a namespace's deletion deletes them one at a time, past the
     apiserver's request timeout), the namespaces, and the cluster-wide grants: later tests
     list every ConfigMap."""
-    async with _admin(plane) as admin:
+    async with seeding.admin(plane) as admin:
         path = f"/api/v1/namespaces/{stage.big}/configmaps"
         await admin.gather(admin.delete(f"{path}/cm-{i:06d}") for i in range(OBJECTS))
-        rbac = "/apis/rbac.authorization.k8s.io/v1"
-        for name in (stage.big, f"{stage.big}-auth"):
-            await admin.delete(f"{rbac}/clusterrolebindings/{name}")
-        await admin.delete(f"{rbac}/clusterroles/{stage.big}")
+        await seeding.revoke(admin, home=stage.big)
         for namespace in (stage.big, stage.small):
             await admin.delete(f"/api/v1/namespaces/{namespace}")
 
@@ -313,7 +216,7 @@ async def test_a_new_warmwatch_seeds_from_its_peer_and_catches_up_by_watch(
         assert client.wait_synced()[0]["count"] == OBJECTS
         # The informer's first LIST was answered from the seed: no upstream list of it.
         assert second.metric(RELISTS, {"resource": "v1/configmaps"}) == 0
-        async with _admin(plane) as admin:
+        async with seeding.admin(plane) as admin:
             await admin.create(
                 f"/api/v1/namespaces/{stage.big}/configmaps",
                 kubeapi.configmap(name="after-the-seed", namespace=stage.big),
@@ -324,7 +227,7 @@ async def test_a_new_warmwatch_seeds_from_its_peer_and_catches_up_by_watch(
         assert f"{OBJECTS} objects" in second.log.read_text()
     finally:
         second.stop()
-        async with _admin(plane) as admin:
+        async with seeding.admin(plane) as admin:
             await admin.delete(f"/api/v1/namespaces/{stage.big}/configmaps/after-the-seed")
 
 
@@ -354,11 +257,19 @@ async def test_only_the_accounts_token_bound_to_the_peers_certificate_is_answere
     with a reply token the apiserver authenticates as ACCOUNT for that request only."""
     certificate = await peer_certificate(("127.0.0.1", stage.seed_port))
     bound = peer_audience(fingerprint(certificate))
-    async with _admin(plane) as admin:
-        other = await _token(admin, stage.big, OTHER, bound)
-        elsewhere = await _token(admin, stage.big, ACCOUNT, peer_audience("0" * 64))
-        unbound = await _token(admin, stage.big, ACCOUNT, AUDIENCE)
-        own = await _token(admin, stage.big, ACCOUNT, bound)
+    async with seeding.admin(plane) as admin:
+        other = await kubeapi.service_account_token(
+            admin, namespace=stage.big, account=OTHER, audiences=(bound,)
+        )
+        elsewhere = await kubeapi.service_account_token(
+            admin, namespace=stage.big, account=ACCOUNT, audiences=(peer_audience("0" * 64),)
+        )
+        unbound = await kubeapi.service_account_token(
+            admin, namespace=stage.big, account=ACCOUNT, audiences=(AUDIENCE,)
+        )
+        own = await kubeapi.service_account_token(
+            admin, namespace=stage.big, account=ACCOUNT, audiences=(bound,)
+        )
         assert await _ask(stage, other, certificate) == (403, "Forbidden", None)
         for token in (elsewhere, unbound, stage.apiserver_token, None):
             assert await _ask(stage, token, certificate) == (401, "Unauthorized", None)
@@ -401,8 +312,13 @@ async def _ask(stage: Stage, token: str | None, certificate: bytes) -> tuple[int
 async def _snapshot(stage: Stage, plane: ControlPlane) -> bytes:
     """The peer's snapshot, as a peer of ACCOUNT receives it."""
     certificate = await peer_certificate(("127.0.0.1", stage.seed_port))
-    async with _admin(plane) as admin:
-        token = await _token(admin, stage.big, ACCOUNT, peer_audience(fingerprint(certificate)))
+    async with seeding.admin(plane) as admin:
+        token = await kubeapi.service_account_token(
+            admin,
+            namespace=stage.big,
+            account=ACCOUNT,
+            audiences=(peer_audience(fingerprint(certificate)),),
+        )
     async with (
         aiohttp.ClientSession() as session,
         session.get(
@@ -464,8 +380,10 @@ async def fake_peer(stage: Stage, plane: ControlPlane, tmp_path: Path) -> AsyncI
     runners: list[web.AppRunner] = []
 
     async def reply(account: str, token: str) -> str:
-        async with _admin(plane) as admin:
-            return await _token(admin, stage.big, account, reply_audience(token))
+        async with seeding.admin(plane) as admin:
+            return await kubeapi.service_account_token(
+                admin, namespace=stage.big, account=account, audiences=(reply_audience(token),)
+            )
 
     async def start(damage: str) -> tuple[str, int]:
         app = web.Application()
@@ -610,16 +528,16 @@ def workload(stage: Stage, plane: ControlPlane) -> Iterator[None]:
     rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{stage.big}"
 
     async def make() -> None:
-        async with _admin(plane) as admin:
+        async with seeding.admin(plane) as admin:
             await admin.create(f"{rbac}/roles", PEER_ROLE)
             await admin.create(
                 f"{rbac}/rolebindings",
-                _binding("peers", kind="Role", role="peers", namespace=stage.big),
+                seeding.binding("peers", kind="Role", role="peers", namespace=stage.big),
             )
             await _workload(admin, stage.big)
 
     async def remove() -> None:
-        async with _admin(plane) as admin:
+        async with seeding.admin(plane) as admin:
             core, apps = f"/api/v1/namespaces/{stage.big}", f"/apis/apps/v1/namespaces/{stage.big}"
             for pod in ("old", "new", "unready", "stranger"):
                 await admin.delete(f"{core}/pods/{pod}")
