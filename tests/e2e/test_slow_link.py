@@ -317,7 +317,22 @@ def kcm_start(start_kcm: StartKcm, kubeconfig: Path, *, json: bool = False) -> f
         kcm.stop()
 
 
+def cluster_configmaps(plane: ControlPlane) -> int:
+    """Every ConfigMap in the cluster: kube-controller-manager reads them all, this module's
+    and those earlier tests left in their namespaces."""
+
+    async def count() -> int:
+        async with kubeapi.RawClient(
+            base_url=plane.server, ssl_context=kubeapi.client_ssl(plane.pki, identity="admin")
+        ) as api:
+            page = await api.get("/api/v1/configmaps", limit="1")
+            return len(page["items"]) + int(page["metadata"].get("remainingItemCount") or 0)
+
+    return asyncio.run(count())
+
+
 def test_kube_controller_manager_starts_warm_from_json_over_the_slow_link(
+    plane: ControlPlane,
     crowded: str,
     through: Through,
     start_sidecar: Callable[..., Sidecar],
@@ -350,7 +365,8 @@ def test_kube_controller_manager_starts_warm_from_json_over_the_slow_link(
     except NotSynced:  # its garbage collector gave up after 30 s: it cannot start at all
         fill, gave_up = 30.0, " at least (it gave up)"
     print(
-        f"\nkube-controller-manager, {OBJECTS} ConfigMaps among {len(watched) + 1} collections, "
+        f"\nkube-controller-manager, {OBJECTS} ConfigMaps ({cluster_configmaps(plane)} in the "
+        f"cluster) among {len(watched) + 1} collections, "
         f"over {LINK.describe()}: JSON warm start {warm:.2f} s; protobuf from the warm JSON "
         f"collections {protobuf:.2f} s ({len(learned)} protobuf collections filled {behind:.1f} "
         f"s later); protobuf directly over the link {fill:.2f} s{gave_up}; during the protobuf "
