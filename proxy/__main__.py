@@ -13,7 +13,6 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import os
 import resource
 import sys
 from collections.abc import Sequence
@@ -22,6 +21,7 @@ from pathlib import Path
 from proxy import logs
 from proxy.app import Settings, StartRefused, run
 from proxy.cache.store import StoreSettings
+from proxy.environment import env, variable
 from proxy.kube.resources import ResourceFlag
 from proxy.serve.authenticating import DEFAULT_REJECT_PATHS, ClientAuth, RejectPaths
 from proxy.serve.context import ServeSettings
@@ -44,10 +44,6 @@ def _address(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def _env(name: str, default: str | None = None) -> str | None:
-    return os.environ.get(f"WARMWATCH_{name.upper().replace('-', '_')}", default)
-
-
 def _number(
     p: argparse.ArgumentParser,
     flag: str,
@@ -56,10 +52,15 @@ def _number(
     default: float,
     help: str,
 ) -> None:
-    """A numeric flag whose default is ``WARMWATCH_<FLAG>``, else ``default`` (an empty
-    variable reads as 0, which the settings refuse where a value must be positive)."""
-    value = _env(flag.removeprefix("--"), str(default)) or 0
-    p.add_argument(flag, type=kind, default=kind(value), help=help)
+    """A numeric flag whose default is ``WARMWATCH_<FLAG>``, else ``default``; a variable that
+    is not such a number is refused (``proxy/environment.py``)."""
+    text = env(flag)
+    try:
+        value = kind(default) if text is None else kind(text)
+    except ValueError:
+        number = "an integer" if kind is int else "a number"
+        p.error(f"{variable(flag)}: expected {number}, got {text!r}")
+    p.add_argument(flag, type=kind, default=value, help=help)
 
 
 def _discovery_flags(p: argparse.ArgumentParser) -> None:
@@ -96,17 +97,17 @@ def _seeding_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--seed",
         choices=("auto", "off"),
-        default=_env("seed", seeding.mode),
+        default=env("seed", seeding.mode),
         help="auto: a new database starts from a snapshot of a peer (the same service "
         "account's warmwatch: a --seed-peer, or one found with --pod-name); off: never ask "
         "(default auto)",
     )
     try:
         env_peers = [
-            _address(peer.strip()) for peer in (_env("seed-peer") or "").split(",") if peer.strip()
+            _address(peer.strip()) for peer in (env("seed-peer") or "").split(",") if peer.strip()
         ]
     except argparse.ArgumentTypeError as error:
-        p.error(f"WARMWATCH_SEED_PEER: {error}")
+        p.error(f"{variable('--seed-peer')}: {error}")
     p.add_argument(
         "--seed-peer",
         action="append",
@@ -119,26 +120,26 @@ def _seeding_flags(p: argparse.ArgumentParser) -> None:
     p.set_defaults(env_seed_peers=env_peers)
     p.add_argument(
         "--pod-name",
-        default=_env("pod-name"),
+        default=env("pod-name"),
         help="this warmwatch's pod (the downward API's metadata.name): with --seed auto and "
         "no --seed-peer, the running pods of its workload are the peers",
     )
     p.add_argument(
         "--pod-namespace",
-        default=_env("pod-namespace"),
+        default=env("pod-namespace"),
         help="the pod's namespace (the downward API's metadata.namespace)",
     )
     p.add_argument(
         "--seed-peer-port",
         type=int,
-        default=_env("seed-peer-port"),  # (argparse converts a string default with type)
+        default=env("seed-peer-port"),  # (argparse converts a string default with type)
         help="the seeding port of the peers found by --pod-name (default: the port of "
         "--seed-listen: a workload's pods share their flags)",
     )
     p.add_argument(
         "--seed-listen",
         type=_address,
-        default=_env("seed-listen"),
+        default=env("seed-listen"),
         metavar="HOST:PORT",
         help="serve this warmwatch's cache to peers here, over TLS (default: not served)",
     )
@@ -172,18 +173,18 @@ def parser() -> argparse.ArgumentParser:
     defaults = Settings()
     p.add_argument(
         "--kubeconfig",
-        default=_env("kubeconfig"),
+        default=env("kubeconfig"),
         help="upstream kubeconfig (default: in-cluster, then $KUBECONFIG, then ~/.kube/config)",
     )
-    p.add_argument("--context", default=_env("context"))
-    p.add_argument("--listen", type=_address, default=_env("listen", _host_port(defaults.listen)))
+    p.add_argument("--context", default=env("context"))
+    p.add_argument("--listen", type=_address, default=env("listen", _host_port(defaults.listen)))
     p.add_argument(
         "--metrics-listen",
         type=_address,
-        default=_env("metrics-listen", _host_port(defaults.metrics_listen)),
+        default=env("metrics-listen", _host_port(defaults.metrics_listen)),
     )
-    p.add_argument("--db", type=Path, default=_env("db", str(defaults.db)))
-    env_resources = [r for r in (_env("resource") or "").split(",") if r.strip()]
+    p.add_argument("--db", type=Path, default=env("db", str(defaults.db)))
+    env_resources = [r for r in (env("resource") or "").split(",") if r.strip()]
     p.add_argument(
         "--resource",
         action="append",
@@ -196,12 +197,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--learn",
         action=argparse.BooleanOptionalAction,
-        default=(_env("learn") or str(defaults.sync.learn)).lower() not in ("0", "false", "no"),
+        default=(env("learn") or str(defaults.sync.learn)).lower() not in ("0", "false", "no"),
         help="cache collections that clients ask for (default: on)",
     )
     p.add_argument(
         "--client-auth",
-        default=_env("client-auth", defaults.client_auth.mode),
+        default=env("client-auth", defaults.client_auth.mode),
         help="delegated (each client's token is reviewed by the apiserver and its cached "
         "reads authorized per client; passthrough carries the client's own credentials), "
         "token-file:PATH (clients must present that bearer token, which must be warmwatch's "
@@ -226,7 +227,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--reject-paths",
-        default=_env("reject-paths", DEFAULT_REJECT_PATHS),
+        default=env("reject-paths", DEFAULT_REJECT_PATHS),
         help="none: comma-separated regular expressions of paths refused with 403 "
         "(default: exec, attach, as kubectl proxy, and port-forward and the node, pod and "
         "service proxies; empty allows all)",
@@ -250,16 +251,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--tls-cert-file",
         type=Path,
-        default=_env("tls-cert-file"),
+        default=env("tls-cert-file"),
         help="serve the API listener over TLS with this certificate (reloaded when it "
         "changes); required beyond loopback, with --client-auth delegated",
     )
-    p.add_argument("--tls-private-key-file", type=Path, default=_env("tls-private-key-file"))
+    p.add_argument("--tls-private-key-file", type=Path, default=env("tls-private-key-file"))
     store = StoreSettings(path=defaults.db)
     p.add_argument(
         "--cert-dir",
         type=Path,
-        default=_env("cert-dir"),
+        default=env("cert-dir"),
         help="without --tls-cert-file: serve the loopback listener over TLS with a "
         "self-signed certificate for localhost, 127.0.0.1 and ::1 kept in this directory "
         "(warmwatch.crt, made at the first start); clients trust warmwatch.crt. Go "
@@ -268,7 +269,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--sync-mode",
         choices=("NORMAL", "FULL"),
-        default=_env("sync-mode", store.synchronous),
+        default=env("sync-mode", store.synchronous),
         help="SQLite synchronous mode: FULL also survives power loss",
     )
     _number(
@@ -396,11 +397,11 @@ def parser() -> argparse.ArgumentParser:
         help="request line and headers at most; over it 431 "
         f"(default {limits.max_header_bytes}, the apiserver's)",
     )
-    p.add_argument("--log-level", default=_env("log-level", "INFO"))
+    p.add_argument("--log-level", default=env("log-level", "INFO"))
     p.add_argument(
         "--log-format",
         choices=logs.FORMATS,
-        default=_env("log-format", "text"),
+        default=env("log-format", "text"),
         help="text (default) or json: one JSON object per line",
     )
     p.set_defaults(env_resources=env_resources)

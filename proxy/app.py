@@ -50,7 +50,7 @@ from proxy.upstream.discovering import (
     keep_confirmed,
     parse_discovery_key,
 )
-from proxy.upstream.errors import UpstreamError
+from proxy.upstream.errors import UpstreamAuthError, UpstreamError
 from proxy.upstream.forwarding import PassthroughSettings
 from proxy.upstream.reflecting import ReflectorSettings
 from proxy.upstream.resilience import CircuitBreaker, ListLimiter
@@ -252,14 +252,17 @@ class App:
         await self._serve(
             routing.health_app(metrics=self.metrics, ready=self.ready), settings.metrics_listen
         )
-        upstream = await connect(
-            ConnectionSettings(
-                kubeconfig=settings.kubeconfig,
-                context=settings.context,
-                budget=settings.connection_budget(),
-            ),
-            metrics=self.metrics,
-        )
+        try:
+            upstream = await connect(
+                ConnectionSettings(
+                    kubeconfig=settings.kubeconfig,
+                    context=settings.context,
+                    budget=settings.connection_budget(),
+                ),
+                metrics=self.metrics,
+            )
+        except UpstreamAuthError as error:  # no kubeconfig, a broken one, a failing exec plugin
+            raise StartRefused(str(error)) from error
         self.upstream = upstream
         store = await self._open_store(upstream)
         tokens = await self._client_tokens(upstream)

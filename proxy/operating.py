@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
-import os
 import sqlite3
 import sys
 from collections.abc import Sequence
@@ -33,6 +32,7 @@ from proxy.cache.inspecting import (
     stored_shapes,
 )
 from proxy.cache.verifying import Difference, OutOfOrder
+from proxy.environment import env
 from proxy.kube.resources import ResourceFlag
 from proxy.metrics import Metrics
 from proxy.upstream.comparing import ShapeVerdict, VerifySettings, verify_shape
@@ -44,10 +44,6 @@ EXIT_DIFFERENT = 1
 EXIT_ERROR = 2
 
 _DEFAULTS = VerifySettings()
-
-
-def _env(name: str, default: str | None = None) -> str | None:
-    return os.environ.get(f"WARMWATCH_{name.upper().replace('-', '_')}", default)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -63,10 +59,10 @@ def parser() -> argparse.ArgumentParser:
         "inspect", help="what the database holds (no apiserver needed)", description=None
     )
     for command in (verify, inspect):
-        command.add_argument("--db", type=Path, default=_env("db", "warmwatch.db"))
+        command.add_argument("--db", type=Path, default=env("db", "warmwatch.db"))
         command.add_argument("-o", "--output", choices=("text", "json"), default="text")
-    verify.add_argument("--kubeconfig", default=_env("kubeconfig"))
-    verify.add_argument("--context", default=_env("context"))
+    verify.add_argument("--kubeconfig", default=env("kubeconfig"))
+    verify.add_argument("--context", default=env("context"))
     verify.add_argument(
         "--resource",
         action="append",

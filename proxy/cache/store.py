@@ -106,6 +106,10 @@ class StoreSettings:
     """Newest log entries per shape kept in memory for watchers."""
 
     def __post_init__(self) -> None:
+        # Checked here, not only by the flag's choices: the value becomes a PRAGMA, where
+        # SQLite reads anything else as another level ("0" is OFF, which a crash can corrupt).
+        if self.synchronous not in ("NORMAL", "FULL"):
+            raise ValueError(f"--sync-mode is NORMAL or FULL, not {self.synchronous!r}")
         if not self.retention_bytes > 0:
             raise ValueError("--retention-bytes must be positive")
 

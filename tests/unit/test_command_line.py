@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from proxy import operating
-from proxy.__main__ import OPERATOR_COMMANDS, parser, settings_from
+from proxy.__main__ import OPERATOR_COMMANDS, main, parser, settings_from
 from proxy.app import Settings
 from proxy.cache.store import StoreSettings
 
@@ -89,3 +89,58 @@ def test_pod_flags_for_the_peer_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WARMWATCH_SEED_PEER_PORT", "ninety")
     with pytest.raises(SystemExit):
         parser().parse_args([])
+
+
+@pytest.mark.parametrize("value", ["abc", "", "1.5"])
+def test_a_number_from_the_environment_is_one_or_refused(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    """As ``--max-watches abc`` is refused, so is ``WARMWATCH_MAX_WATCHES=abc``, by name: not
+    a traceback, and not a 0 that would switch a limit off (proxy/environment.py)."""
+    monkeypatch.setenv("WARMWATCH_MAX_WATCHES", value)
+    with pytest.raises(SystemExit) as refused:
+        parser()
+    assert refused.value.code == 2
+    assert f"WARMWATCH_MAX_WATCHES: expected an integer, got {value!r}" in capsys.readouterr().err
+
+
+def test_a_number_from_the_environment_is_the_flags_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("WARMWATCH_DISCOVERY_MAX_AGE", "2.5")
+    assert parser().parse_args([]).discovery_max_age == 2.5
+    assert parser().parse_args(["--discovery-max-age=4"]).discovery_max_age == 4.0
+
+
+@pytest.mark.parametrize("mode", ["0", "OFF", "full; DROP TABLE objects"])
+def test_sync_mode_is_normal_or_full_from_anywhere(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], mode: str
+) -> None:
+    """argparse checks a flag's choices on the command line only; the variable is checked by
+    the settings, before it reaches a PRAGMA (where "0" would mean OFF)."""
+    with pytest.raises(ValueError, match="--sync-mode is NORMAL or FULL"):
+        StoreSettings(path=Path("x.db"), synchronous=mode)
+    monkeypatch.setenv("WARMWATCH_SYNC_MODE", mode)
+    assert main(["--db", "unused.db"]) == 2
+    assert "--sync-mode is NORMAL or FULL" in capsys.readouterr().err
+
+
+def test_credentials_that_cannot_be_loaded_refuse_the_start(tmp_path: Path) -> None:
+    """A missing or broken kubeconfig is a clear refusal (exit 1, one line), not a traceback."""
+    broken = tmp_path / "kubeconfig"
+    broken.write_text("apiVersion: v1\nkind: Config\n")  # no current-context
+    command = [
+        sys.executable,
+        "-m",
+        "proxy",
+        f"--kubeconfig={broken}",
+        f"--db={tmp_path / 'cache.db'}",
+        "--listen=127.0.0.1:0",
+        "--metrics-listen=127.0.0.1:0",
+        "--seed=off",
+    ]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WARMWATCH_")}
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert "refusing to start: cannot load kubeconfig" in done.stderr
+    assert "Traceback" not in done.stderr
