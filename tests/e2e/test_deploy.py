@@ -154,8 +154,8 @@ def test_example_overlay_on_a_statefulset(kubectl: Kubectl, namespace: str, tmp_
     account = pod["serviceAccountName"]
     bindings = [d for d in documents if d["kind"] in ("ClusterRoleBinding", "RoleBinding")]
     assert len(bindings) == 3
-    # (The subjects keep the example's own namespace under an outer kustomization's.)
-    subjects = [{"kind": "ServiceAccount", "name": account, "namespace": "my-controller"}]
+    # The grants go to the account where it is deployed: the outer kustomization's namespace.
+    subjects = [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]
     assert all(binding["subjects"] == subjects for binding in bindings)
     assert_seeding_rules(documents, account=account, namespace=namespace)
 
