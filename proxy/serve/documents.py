@@ -14,7 +14,7 @@ from aiohttp import web
 
 from proxy.kube.status import StatusError
 from proxy.serve.answers import status_response, unavailable
-from proxy.serve.relaying import Collector, Offline, relay
+from proxy.serve.relaying import Collector, Offline, RelaySettings, relay
 from proxy.upstream.connecting import Credentials, Upstream
 from proxy.upstream.discovering import (
     CachedDocument,
@@ -26,7 +26,7 @@ from proxy.upstream.discovering import (
     stored_document,
 )
 from proxy.upstream.errors import UpstreamUnavailable
-from proxy.upstream.forwarding import PassthroughSettings, count, forwarded_request_headers
+from proxy.upstream.forwarding import count, forwarded_request_headers
 from proxy.upstream.resilience import CircuitBreaker
 
 logger = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ async def serve_discovery(
     cache: DiscoveryCache,
     copies: DiscoveryCopies,
     breaker: CircuitBreaker | None,
-    settings: PassthroughSettings,
+    settings: RelaySettings,
     admit_offline: Admit | None = None,
     offline: Offline | None = None,
 ) -> web.StreamResponse:
@@ -75,7 +75,7 @@ async def serve_discovery(
     headers = forwarded_request_headers(request.headers)
     # Ask for the identity encoding, so the stored document suits every later client.
     headers.popall("Accept-Encoding", None)
-    collector = Collector(limit=settings.discovery_max_bytes)
+    collector = Collector(limit=settings.upstream.discovery_max_bytes)
     try:
         response = await relay(
             request,

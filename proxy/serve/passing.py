@@ -33,13 +33,13 @@ from proxy.serve import authorizing, limiting, read_your_writes
 from proxy.serve.answers import status_response, unavailable
 from proxy.serve.context import Context
 from proxy.serve.documents import Admit, request_key, serve_discovery
-from proxy.serve.relaying import Collector, Offline, relay
+from proxy.serve.relaying import Collector, Offline, RelaySettings, relay
 from proxy.serve.websockets import relay_websocket
 from proxy.upstream.connecting import Credentials, Upstream
 from proxy.upstream.delegating import Delegation
 from proxy.upstream.discovering import DiscoveryCache, DiscoveryCopies, changes_discovery
 from proxy.upstream.errors import UpstreamAuthError, UpstreamUnavailable
-from proxy.upstream.forwarding import PassthroughSettings, count
+from proxy.upstream.forwarding import count
 from proxy.upstream.resilience import CircuitBreaker
 
 logger = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ async def _pass_through(
         breaker=ctx.breaker,
         offline=offline,
         observe=functools.partial(read_your_writes.record_write, ctx.writes),
-        settings=PassthroughSettings(slow_write_timeout=ctx.settings.slow_write_timeout),
+        settings=RelaySettings(slow_write_timeout=ctx.settings.slow_write_timeout),
     )
 
 
@@ -113,7 +113,7 @@ async def pass_through_with(
     breaker: CircuitBreaker | None = None,
     offline: Offline | None = None,
     observe: WriteObserver | None = None,
-    settings: PassthroughSettings | None = None,
+    settings: RelaySettings | None = None,
 ) -> web.StreamResponse:
     """Answer ``request`` with the apiserver's answer (see the module docstring).
 
@@ -127,7 +127,7 @@ async def pass_through_with(
     by default (and when nothing is cached) a 503 ServiceUnavailable Status with
     ``Retry-After``. ``observe``: told of each successful write (see WriteObserver).
     """
-    settings = settings or PassthroughSettings()
+    settings = settings or RelaySettings()
     try:
         return await _dispatch(
             request,
@@ -160,7 +160,7 @@ async def _dispatch(
     breaker: CircuitBreaker | None,
     offline: Offline | None,
     observe: WriteObserver | None,
-    settings: PassthroughSettings,
+    settings: RelaySettings,
 ) -> web.StreamResponse:
     verb = request.method.upper()
     upgrade = request.headers.get("Upgrade", "").lower()
@@ -195,7 +195,7 @@ async def _dispatch(
     listed = _listed_resource(request) if verb == "GET" else None
     collector = None
     if observe is not None and verb in _WRITE_METHODS:
-        collector = Collector(limit=settings.write_body_max)
+        collector = Collector(limit=settings.upstream.write_body_max)
     try:
         response = await relay(
             request,

@@ -4,7 +4,7 @@ The upstream half (``proxy.upstream.forwarding``) hands over the answer's status
 and body as they arrive; this module writes them to the client:
 
 - Every chunk is written at once, within the slow-client deadline of
-  ``streaming.write_within`` (``PassthroughSettings.slow_write_timeout``): a client that
+  ``streaming.write_within`` (``RelaySettings.slow_write_timeout``): a client that
   stops reading is cut, as the cache's own LISTs and watches are.
 - Long-running requests (watches, ``follow``ing logs, exec/attach/portforward/proxy) get no
   read timeout; a watchdog ends the upstream request when the client goes away even while
@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 from aiohttp import web
@@ -41,6 +42,21 @@ logger = logging.getLogger(__name__)
 
 Offline: TypeAlias = Callable[[web.Request, UpstreamUnavailable], Awaitable[web.StreamResponse]]
 """A caller's own answer for when the apiserver cannot be reached."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RelaySettings:
+    """A passed-through request's settings: the upstream half's, and the client's."""
+
+    upstream: PassthroughSettings = field(default_factory=PassthroughSettings)
+    """Forwarding the request and keeping copies of answers (``proxy.upstream.forwarding``)."""
+    slow_write_timeout: float = 30.0
+    """A client that accepts no write of the answer for this long is disconnected (as the
+    cache's LISTs and watches, ``--watch-write-timeout``): it must not hold an upstream
+    connection and a buffered chunk for as long as it likes."""
+    client_check_interval: float = 1.0
+    """How often a long-running passthrough checks that its client is still connected. aiohttp
+    only notices a gone client when writing, and a quiet watch writes nothing."""
 
 
 class Collector:
@@ -84,7 +100,7 @@ async def relay(
     upstream: Upstream,
     credentials: Credentials,
     breaker: CircuitBreaker | None,
-    settings: PassthroughSettings,
+    settings: RelaySettings,
     purpose: Purpose,
     headers: CIMultiDict[str] | None = None,
     collector: Collector | None = None,
@@ -109,7 +125,7 @@ async def relay(
             long_running=long_running,
             credentials=credentials,
             breaker=breaker,
-            settings=settings,
+            settings=settings.upstream,
             purpose=purpose,
         ) as answer:
             response = _response(answer)
@@ -168,7 +184,7 @@ async def _write_body(
     collector: Collector | None,
     counted: Callable[[int], None] | None,
     *,
-    settings: PassthroughSettings,
+    settings: RelaySettings,
 ) -> None:
     """Copy the body as it arrives: every chunk is written to the client at once, within
     ``slow_write_timeout`` (:func:`streaming.write_within`)."""
@@ -193,7 +209,7 @@ async def _until_client_leaves(
     request: web.BaseRequest,
     body: Coroutine[Any, Any, None],
     *,
-    settings: PassthroughSettings,
+    settings: RelaySettings,
 ) -> None:
     """Run ``body`` until it ends, or until the client disconnects (then cancel it and raise
     :class:`ClientGone`). aiohttp tells a handler about a gone client only when it writes,

@@ -76,15 +76,6 @@ class PassthroughSettings:
     needs the written resourceVersion). An object is at most ~1.5 MiB (etcd's request
     limit), so only answers that are not one object are larger."""
 
-    slow_write_timeout: float = 30.0
-    """A client that accepts no write of the answer for this long is disconnected (as the
-    cache's LISTs and watches, ``--watch-write-timeout``): it must not hold an upstream
-    connection and a buffered chunk for as long as it likes."""
-
-    client_check_interval: float = 1.0
-    """How often a long-running passthrough checks that its client is still connected. aiohttp
-    only notices a gone client when writing, and a quiet watch writes nothing."""
-
 
 # ------------------------------------------------------------------------- headers
 

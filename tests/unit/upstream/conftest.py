@@ -27,10 +27,9 @@ from loadtest import pki as pki_module
 from proxy.metrics import Metrics
 from proxy.serve.documents import Admit
 from proxy.serve.passing import pass_through_with
-from proxy.serve.relaying import Offline
+from proxy.serve.relaying import Offline, RelaySettings
 from proxy.upstream.connecting import ConnectionSettings, Upstream, connect
 from proxy.upstream.discovering import CachedDocument, DiscoveryCopies, DiscoverySettings
-from proxy.upstream.forwarding import PassthroughSettings
 from proxy.upstream.resilience import CircuitBreaker, ListLimiter
 
 
@@ -501,7 +500,7 @@ async def start_proxy(
     *,
     credentials: str,
     discovery: MemoryDiscoveryCache | None = None,
-    settings: PassthroughSettings | None = None,
+    settings: RelaySettings | None = None,
     breaker: CircuitBreaker | None = None,
     offline: Offline | None = None,
     copies: DiscoveryCopies | None = None,
@@ -536,7 +535,7 @@ async def start_proxy(
 @pytest.fixture
 async def sidecar_proxy(upstream: Upstream) -> AsyncIterator[Proxy]:
     proxy = await start_proxy(
-        upstream, credentials="sidecar", settings=PassthroughSettings(client_check_interval=0.05)
+        upstream, credentials="sidecar", settings=RelaySettings(client_check_interval=0.05)
     )
     yield proxy
     await proxy.served.stop()

@@ -16,10 +16,10 @@ from aiohttp import web
 
 from proxy.kube.options import is_long_running
 from proxy.metrics import Metrics
+from proxy.serve.relaying import RelaySettings
 from proxy.upstream.connecting import ConnectionSettings, Upstream, connect
 from proxy.upstream.discovering import discovery_key
 from proxy.upstream.errors import UpstreamUnavailable
-from proxy.upstream.forwarding import PassthroughSettings
 from proxy.upstream.resilience import CircuitBreaker
 from tests.unit.upstream.conftest import (
     FakeApiserver,
@@ -156,7 +156,7 @@ async def test_a_client_that_stops_reading_is_cut_after_the_write_deadline(
     """A passed-through answer to a client that stopped reading must not hold the upstream
     connection and a buffered chunk for as long as the client likes."""
     proxy = await start_proxy(
-        upstream, credentials="sidecar", settings=PassthroughSettings(slow_write_timeout=0.5)
+        upstream, credentials="sidecar", settings=RelaySettings(slow_write_timeout=0.5)
     )
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
