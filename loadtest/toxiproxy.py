@@ -319,14 +319,6 @@ class Proxy:
     def remove_toxic(self, name: str) -> None:
         self.server.request("DELETE", f"{self._path}/toxics/{name}")
 
-    def remove_all_toxics(self) -> None:
-        for toxic in self.toxics():
-            self.remove_toxic(toxic.name)
-
-    def set_enabled(self, enabled: bool) -> None:
-        """Disabled: the listener is closed and connections dropped (the link is down)."""
-        self.server.request("POST", self._path, {"enabled": enabled})
-
     def delete(self) -> None:
         self.server.request("DELETE", self._path)
 
