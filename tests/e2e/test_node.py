@@ -489,6 +489,14 @@ def test_cold_start(node_test: NodeTest) -> None:
     records = [json.loads(line) for line in logs.splitlines()]
     assert {"time", "level", "logger", "message"} <= set(records[0])
     assert any(r.get("resource") == "v1/configmaps" and "objects" in r for r in records)
+    # Peer seeding, on by default: the first pod's sidecar looked for peers with the grants
+    # the README gives (tests/node/crmanager/rbac.yaml) and found none, which is no fault.
+    assert any(
+        r["message"].startswith("seeding: peers of pod") and "none serving" in r["message"]
+        for r in records
+    )
+    assert _metric("warmwatch_seedings_total", {"result": "none"}) == 1
+    assert [r["message"] for r in records if r["level"] in ("WARNING", "ERROR")] == []
 
     assert _metric("warmwatch_upstream_relists_total") == 2  # the cold fills: both encodings
 
