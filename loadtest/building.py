@@ -38,6 +38,8 @@ COMMANDS = {
 NODE_COMMANDS = {
     # the node (`up --node`): built on demand into its own cache directory
     "kubelet": "k8s.io/kubernetes/cmd/kubelet",
+    # a second node (`up --second-node`) places pods by their host ports, as a cluster does
+    "kube-scheduler": "k8s.io/kubernetes/cmd/kube-scheduler",
 }
 FALLBACK_COMMANDS = {
     "etcd": "go.etcd.io/etcd/server/v3",

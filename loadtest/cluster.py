@@ -2,6 +2,7 @@
 
     python -m loadtest.cluster up --dir DIR           # build (cached), start, wait for /readyz
     python -m loadtest.cluster up --dir DIR --node    # ... and a kubelet + containerd node
+    python -m loadtest.cluster up --dir DIR --node --second-node   # ... two, and a scheduler
     python -m loadtest.cluster load-image --dir DIR IMAGE   # podman image -> the node
     python -m loadtest.cluster down --dir DIR         # stop everything, leave no process behind
     python -m loadtest.cluster stop-apiserver --dir DIR
@@ -25,7 +26,9 @@ With ``--node`` (loadtest/node.py) the plane also runs containerd and a kubelet 
 the Ready node ``127.0.0.1``, and kube-controller-manager also runs the controllers pods need
 (``NODE_CONTROLLERS``: StatefulSets, volume binding, the root-CA publisher, ...). Pods on it
 use ``hostNetwork: true``, ``nodeName: 127.0.0.1`` (there is no scheduler) and images given
-with ``load-image``.
+with ``load-image``. With ``--second-node`` a second node ``127.0.0.2`` joins, in a network
+namespace of its own (loadtest/node.py says how the two are joined), and kube-scheduler runs:
+pods without ``nodeName`` go where their host ports are free, as in a cluster.
 """
 
 from __future__ import annotations
@@ -120,6 +123,10 @@ class State:
     """``up --node``: containerd and a kubelet run too (their ports below)."""
     kubelet_port: int = 0
     kubelet_healthz_port: int = 0
+    second_node: bool = False
+    """``up --second-node``: a second node and kube-scheduler run too."""
+    second_kubelet_port: int = 0
+    second_kubelet_healthz_port: int = 0
 
 
 class ControlPlane:
@@ -352,11 +359,26 @@ class ControlPlane:
 
     @property
     def node(self) -> node_module.Node:
+        return self.node_named(node_module.NODE_NAME)
+
+    def node_named(self, name: str) -> node_module.Node:
         return node_module.Node(
-            directory=self.directory, spawn=self._spawn, stop=self._stop, alive=self._alive
+            directory=self.directory,
+            spawn=self._spawn,
+            stop=self._stop,
+            alive=self._alive,
+            name=name,
         )
 
-    def up(self, *, node: bool = False) -> None:
+    def nodes(self) -> list[node_module.Node]:
+        """The plane's nodes, the first first."""
+        state = self.state()
+        names = [node_module.NODE_NAME] if state.node else []
+        names += [node_module.SECOND_NODE_NAME] if state.second_node else []
+        return [self.node_named(name) for name in names]
+
+    def up(self, *, node: bool = False, second_node: bool = False) -> None:
+        node = node or second_node
         self.directory.mkdir(parents=True, exist_ok=True)
         binaries = building.ensure_binaries()
         if self.state_file.exists():
@@ -379,6 +401,10 @@ class ControlPlane:
             state.kubelet_healthz_port = free_port()
             # a running kube-controller-manager lacks the controllers pods need: restarted
             self._stop(state.pids.pop("kube-controller-manager", 0))
+        if second_node and not state.second_node:
+            state.second_node = True
+            state.second_kubelet_port = free_port()
+            state.second_kubelet_healthz_port = free_port()
         self._save(state)
         pki.create(self.pki.directory)
         server = f"https://127.0.0.1:{state.apiserver_port}"
@@ -394,7 +420,10 @@ class ControlPlane:
             self._start_apiserver(state)
             self._start_controller_manager(state)
             if state.node:
-                self._start_node(state)
+                self._start_node(state, node_module.NODE_NAME)
+            if state.second_node:
+                self._start_node(state, node_module.SECOND_NODE_NAME)
+                self._start_scheduler(state)
         except BaseException:
             self.down()
             raise
@@ -403,23 +432,61 @@ class ControlPlane:
             + ("" if state.full else " (FALLBACK: CRDs only, no core resources)")
         )
 
-    def _start_node(self, state: State) -> None:
+    def _start_node(self, state: State, name: str) -> None:
         started = time.monotonic()
-        self.node.start(
+        node = self.node_named(name)
+        if name == node_module.NODE_NAME:
+            ports = {"kubelet": state.kubelet_port, "healthz": state.kubelet_healthz_port}
+            relays: list[node_module.Relay] = []
+        else:
+            ports = {
+                "kubelet": state.second_kubelet_port,
+                "healthz": state.second_kubelet_healthz_port,
+            }
+            # The namespace's kubelet and pods reach the apiserver and the first node's pods
+            # at 127.0.0.1; the apiserver (logs, exec) and the first node's pods reach the
+            # second node at its address.
+            relays = [
+                node_module.Relay(address="127.0.0.1", port=state.apiserver_port, inward=False),
+                node_module.Relay(address=name, port=state.second_kubelet_port, inward=True),
+                *(
+                    node_module.Relay(address=address, port=port, inward=address == name)
+                    for port in node_module.PEER_PORTS
+                    for address in (node_module.NODE_NAME, name)
+                ),
+            ]
+        node.start(
             pids=state.pids,
             binaries=building.ensure_node_binaries(),
             kubeconfig=self.admin_kubeconfig,
-            ports={"kubelet": state.kubelet_port, "healthz": state.kubelet_healthz_port},
+            ports=ports,
+            relays=relays,
         )
         self._save(state)
         _wait_for(
-            self._node_ready,
-            what=f"node {node_module.NODE_NAME} Ready",
+            lambda: self._node_ready(name),
+            what=f"node {name} Ready",
             timeout=NODE_READY_TIMEOUT,
-            alive=lambda: self._alive(state.pids.get("kubelet")),
-            log=self.logs / "kubelet.log",
+            alive=lambda: self._alive(state.pids.get(node.key("kubelet"))),
+            log=self.logs / f"{node.key('kubelet')}.log",
         )
-        _say(f"node {node_module.NODE_NAME} Ready in {time.monotonic() - started:.1f}s")
+        _say(f"node {name} Ready in {time.monotonic() - started:.1f}s")
+
+    def _start_scheduler(self, state: State) -> None:
+        if self._alive(state.pids.get("kube-scheduler")):
+            return
+        state.pids["kube-scheduler"] = self._spawn(
+            "kube-scheduler",
+            [
+                str(building.ensure_node_binaries() / "kube-scheduler"),
+                f"--kubeconfig={self.admin_kubeconfig}",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                "--secure-port=0",
+                "--v=1",
+            ],
+        )
+        self._save(state)
 
     def _get(self, path: str) -> tuple[int, bytes]:
         """GET ``path`` from the apiserver as admin: status and body (0 when unreachable)."""
@@ -438,16 +505,17 @@ class ControlPlane:
         finally:
             connection.close()
 
-    def _node_ready(self) -> bool:
-        status, body = self._get(f"/api/v1/nodes/{node_module.NODE_NAME}")
+    def _node_ready(self, name: str) -> bool:
+        status, body = self._get(f"/api/v1/nodes/{name}")
         if status != 200:
             return False
         conditions = json.loads(body).get("status", {}).get("conditions", [])
         return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
     def load_image(self, image: str) -> None:
-        """Import ``image`` from podman's store into the node's containerd."""
-        self.node.load_image(image)
+        """Import ``image`` from podman's store into each node's containerd."""
+        for node in self.nodes():
+            node.load_image(image)
 
     def _delete_pods(self) -> None:
         """Every pod, at once: the kubelet stops their containers and unmounts their volumes."""
@@ -497,11 +565,10 @@ class ControlPlane:
     def down(self) -> None:
         if self.state_file.exists():
             state = self.state()
-            if state.node:
-                apiserver_up = self._alive(state.pids.get("kube-apiserver"))
-                self.node.stop(
-                    pids=state.pids, delete_pods=self._delete_pods if apiserver_up else None
-                )
+            self._stop(state.pids.pop("kube-scheduler", 0))
+            apiserver_up = self._alive(state.pids.get("kube-apiserver"))
+            for node in reversed(self.nodes()):
+                node.stop(pids=state.pids, delete_pods=self._delete_pods if apiserver_up else None)
                 self._save(state)
             for name in ("kube-controller-manager", "kube-apiserver", "etcd"):
                 self._stop(state.pids.pop(name, 0))
@@ -520,8 +587,11 @@ _PROCESS_NAMES = {
     "kube-controller-manager",
     "apiextensions-apiserver",
     "kubelet",
+    "kube-scheduler",
     "containerd",
     "containerd-shim-runc-v2",
+    "nsenter",
+    "socat",
 }
 
 
@@ -577,6 +647,11 @@ def main(argv: list[str] | None = None) -> int:
     commands.choices["up"].add_argument(
         "--node", action="store_true", help="also run containerd and a kubelet (a Ready node)"
     )
+    commands.choices["up"].add_argument(
+        "--second-node",
+        action="store_true",
+        help="with --node: a second node in its own network namespace, and kube-scheduler",
+    )
     load_image = commands.add_parser("load-image")
     load_image.add_argument("--dir", required=True, type=Path)
     load_image.add_argument("image")
@@ -594,7 +669,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     plane = ControlPlane(args.dir)
     if args.command == "up":
-        plane.up(node=args.node)
+        plane.up(node=args.node, second_node=args.second_node)
         print(f"export KUBECONFIG={plane.admin_kubeconfig}")
     elif args.command == "load-image":
         plane.load_image(args.image)

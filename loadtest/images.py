@@ -53,6 +53,10 @@ PACKAGES = {
     "runc": "runc",
     "iptables-save": "iptables",
     "gcc": "gcc",
+    # the second node (loadtest/node.py): its network namespace and the relays into it
+    "ip": "iproute2",
+    "nsenter": "util-linux",
+    "socat": "socat",
 }
 CNI_PACKAGE = ("/usr/lib/cni/loopback", "containernetworking-plugins")
 

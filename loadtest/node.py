@@ -17,17 +17,32 @@ stops the kubelet, kills what containerd's shims still run, stops containerd, an
 mounts under DIR, the cgroup directories containerd made and the files the kubelet leaves in
 system paths: ``leftovers()`` lists whatever is still there (the e2e test asserts it is
 empty).
+
+A second node (``up --node --second-node``), for what needs two pods of one template at once
+(a Deployment's rollout): hostNetwork pods of one template take the same host ports, so two
+of them never fit one node. The second node, ``127.0.0.2``, runs its own containerd and kubelet
+in a network namespace of its own that holds only a loopback: its pods bind the same ports as
+the first node's without meeting them. No bridge and no address range joins the two
+loopbacks; ``Relay`` pairs of ``socat`` do, over unix sockets in ``DIR/node-127.0.0.2/relays``
+(the file system is shared, the network is not), each for one port at one node's address:
+the apiserver's port and the peer ports (``PEER_PORTS``) at ``127.0.0.1`` inside the
+namespace, the kubelet's port and the peer ports at ``127.0.0.2`` on the host. A pod
+listening on a peer port binds its pod IP (its node's address), never the wildcard: inside the
+namespace ``127.0.0.1`` on those ports is the first node. kube-scheduler then places pods by
+their declared host ports, as it does in a cluster.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from loadtest import images
@@ -35,6 +50,34 @@ from loadtest import images
 NODE_NAME = "127.0.0.1"
 """``--hostname-override``: the node's name is its InternalIP, so the apiserver reaches the
 kubelet (logs, exec) on loopback. ``--node-ip`` refuses a loopback address."""
+
+SECOND_NODE_NAME = "127.0.0.2"
+"""The second node's name and address: inside its namespace its kubelet listens there (every
+``127/8`` address is the loopback's), and a relay on the host's ``127.0.0.2`` reaches it."""
+
+PEER_PORTS = (9091,)
+"""Ports the pods of one workload on the two nodes reach each other on, at the node's
+address: warmwatch's seeding listener (deploy/component)."""
+
+NETNS_DIR = Path("/run/netns")
+"""Where ``ip netns add`` keeps a named namespace (a bind mount of its ``/proc/*/ns/net``)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Relay:
+    """``address:port`` of one side reachable at the same ``address:port`` on the other: a
+    ``socat`` listening there forwards each connection over ``socket`` (a unix socket, which
+    both network namespaces see) to a ``socat`` on the far side that connects to it."""
+
+    address: str
+    port: int
+    inward: bool
+    """True: listens on the host, reaches into the node's namespace; False: the reverse."""
+
+    @property
+    def name(self) -> str:
+        return f"{'in' if self.inward else 'out'}-{self.address}-{self.port}"
+
 
 CGROUP_PARENT = "k8s.io"
 """Where runc puts the containers' cgroups (under every hierarchy): containerd's namespace."""
@@ -64,7 +107,8 @@ def _cgroup_dirs() -> list[Path]:
 
 
 class Node:
-    """containerd + kubelet of one control plane directory."""
+    """containerd + kubelet of one control plane directory: the first node (``NODE_NAME``) on
+    the host's network, a second one (``SECOND_NODE_NAME``) in a namespace of its own."""
 
     def __init__(
         self,
@@ -73,11 +117,31 @@ class Node:
         spawn: Callable[[str, list[str]], int],
         stop: Callable[[int], None],
         alive: Callable[[int | None], bool],
+        name: str = NODE_NAME,
     ) -> None:
-        self.directory = directory / "node"
+        self.name = name
+        first = name == NODE_NAME
+        self.directory = directory / ("node" if first else f"node-{name}")
+        self.netns = (
+            None
+            if first
+            else f"warmwatch-{hashlib.sha256(str(directory).encode()).hexdigest()[:12]}"
+        )
+        """The namespace's name in ``NETNS_DIR``: one per control plane directory."""
         self._spawn = spawn
         self._stop = stop
         self._alive = alive
+
+    def key(self, process: str) -> str:
+        """The process's key in the plane's pids (and its log's name)."""
+        return process if self.netns is None else f"{process}@{self.name}"
+
+    def inside(self, argv: Sequence[str]) -> list[str]:
+        """``argv`` run in the node's network namespace (only that namespace: the mounts the
+        kubelet makes must be seen by containerd, so not ``ip netns exec``'s own)."""
+        if self.netns is None:
+            return list(argv)
+        return ["nsenter", f"--net={NETNS_DIR / self.netns}", "--", *argv]
 
     # -- paths -----------------------------------------------------------------------------
 
@@ -140,7 +204,7 @@ state = "{self.containerd_state}"
         config = {
             "apiVersion": "kubelet.config.k8s.io/v1beta1",
             "kind": "KubeletConfiguration",
-            "address": "127.0.0.1",
+            "address": self.name,
             "port": port,
             "readOnlyPort": 0,
             "healthzBindAddress": "127.0.0.1",
@@ -186,31 +250,72 @@ state = "{self.containerd_state}"
         binaries: Path,
         kubeconfig: Path,
         ports: dict[str, int],
+        relays: Sequence[Relay] = (),
     ) -> None:
-        """Start containerd (and import the pause image into it) and the kubelet."""
+        """Start the namespace and its relays (a second node), containerd (and import the
+        pause image into it) and the kubelet."""
         images.ensure_packages()
         images.ensure_pause()
-        if not self._alive(pids.get("containerd")):
+        if self.netns is not None:
+            self._start_namespace(pids=pids, relays=relays)
+        if not self._alive(pids.get(self.key("containerd"))):
             config = self._containerd_config()
-            pids["containerd"] = self._spawn("containerd", ["containerd", f"--config={config}"])
+            pids[self.key("containerd")] = self._spawn(
+                self.key("containerd"), self.inside(["containerd", f"--config={config}"])
+            )
             _wait(lambda: self._ctr_ok(), what="containerd", timeout=30)
         if not self._has_image(images.PAUSE_IMAGE):
             self.load_image(images.PAUSE_IMAGE)
-        if not self._alive(pids.get("kubelet")):
+        if not self._alive(pids.get(self.key("kubelet"))):
             kubelet = self.directory / "kubelet"
             config = self._kubelet_config(port=ports["kubelet"], healthz_port=ports["healthz"])
-            pids["kubelet"] = self._spawn(
-                "kubelet",
-                [
-                    str(binaries / "kubelet"),
-                    f"--config={config}",
-                    f"--kubeconfig={kubeconfig}",
-                    f"--root-dir={kubelet / 'root'}",
-                    f"--cert-dir={kubelet / 'pki'}",
-                    f"--hostname-override={NODE_NAME}",
-                    "--v=1",
-                ],
+            pids[self.key("kubelet")] = self._spawn(
+                self.key("kubelet"),
+                self.inside(
+                    [
+                        str(binaries / "kubelet"),
+                        f"--config={config}",
+                        f"--kubeconfig={kubeconfig}",
+                        f"--root-dir={kubelet / 'root'}",
+                        f"--cert-dir={kubelet / 'pki'}",
+                        f"--hostname-override={self.name}",
+                        "--v=1",
+                    ]
+                ),
             )
+
+    def _start_namespace(self, *, pids: dict[str, int], relays: Sequence[Relay]) -> None:
+        """The namespace with its loopback up, then each relay: the side that connects
+        first (its unix socket must exist before the listening side forwards to it)."""
+        assert self.netns is not None
+        if not (NETNS_DIR / self.netns).exists():
+            subprocess.run(["ip", "netns", "add", self.netns], check=True)
+        subprocess.run(
+            self.inside(["ip", "link", "set", "lo", "up"]), check=True, capture_output=True
+        )
+        directory = self.directory / "relays"
+        directory.mkdir(parents=True, exist_ok=True)
+        for relay in relays:
+            socket = directory / f"{relay.name}.sock"
+            if len(str(socket)) > 107:
+                raise ValueError(f"unix socket path too long: {socket}")
+            tcp = f"{relay.address}:{relay.port}"
+            connect = ["socat", f"UNIX-LISTEN:{socket},fork,unlink-early,mode=600", f"TCP:{tcp}"]
+            listen = [
+                "socat",
+                f"TCP-LISTEN:{relay.port},bind={relay.address},fork,reuseaddr",
+                f"UNIX-CONNECT:{socket}",
+            ]
+            if relay.inward:
+                connect = self.inside(connect)
+            else:
+                listen = self.inside(listen)
+            for side, argv in (("connect", connect), ("listen", listen)):
+                key = self.key(f"relay-{relay.name}-{side}")
+                if not self._alive(pids.get(key)):
+                    pids[key] = self._spawn(key, argv)
+                if side == "connect":
+                    _wait(socket.exists, what=f"relay {relay.name}", timeout=10)
 
     def _ctr_ok(self) -> bool:
         return self.socket.exists() and _succeeds(self.ctr("version"))
@@ -239,17 +344,22 @@ state = "{self.containerd_state}"
 
     def stop(self, *, pids: dict[str, int], delete_pods: Callable[[], None] | None) -> None:
         """Everything the node started ends; nothing of it stays behind (``leftovers``)."""
-        if delete_pods is not None and self._alive(pids.get("kubelet")):
+        if delete_pods is not None and self._alive(pids.get(self.key("kubelet"))):
             with contextlib.suppress(subprocess.SubprocessError, OSError):
                 delete_pods()
-        self._stop(pids.pop("kubelet", 0))
-        if self._alive(pids.get("containerd")):
+        self._stop(pids.pop(self.key("kubelet"), 0))
+        if self._alive(pids.get(self.key("containerd"))):
             self._remove_sandboxes()
         for pid in self._shim_pids():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        self._stop(pids.pop("containerd", 0))
+        self._stop(pids.pop(self.key("containerd"), 0))
+        for key in [k for k in pids if k.startswith("relay-") and k.endswith(f"@{self.name}")]:
+            # what a relay forked for a connection still open is a stray: ``down`` ends it
+            self._stop(pids.pop(key))
         self._clean()
+        if self.netns is not None and (NETNS_DIR / self.netns).exists():
+            subprocess.run(["ip", "netns", "delete", self.netns], check=False)
 
     def _remove_sandboxes(self) -> None:
         """Kill every task containerd runs and remove it with its container (containerd
@@ -306,6 +416,8 @@ state = "{self.containerd_state}"
         found += [f"cgroup {c}" for c in _cgroup_dirs()]
         found += [f"path {p}" for p in SYSTEM_PATHS if p.exists()]
         found += [f"pid {pid}" for pid in self._shim_pids() if _pid_alive(pid)]
+        if self.netns is not None and (NETNS_DIR / self.netns).exists():
+            found.append(f"network namespace {self.netns}")
         return found
 
 

@@ -10,8 +10,9 @@ loads both into the node, and deploys the manager's StatefulSet with the compone
 (a 600 s token, so that the kubelet rotates it during the module), rendered by the plane's
 ``kubectl kustomize``. The manager reaches warmwatch as the component sets it up: over TLS
 with the sidecar's ``--cert-dir`` certificate, presenting the pod's token. The scenarios run in order on that one deployment, each asserting what
-the manager prints and what warmwatch's metrics show; the last one stops the node and checks
-that nothing of it is left on the machine.
+the manager prints and what warmwatch's metrics show; the rollout scenario adds a second
+node (``up --second-node``) and a Deployment of the same manager; the last one stops the
+nodes and checks that nothing of them is left on the machine.
 
 The pod runs with ``hostNetwork``: warmwatch listens on the host's 127.0.0.1:8001,
 0.0.0.0:9090 and 0.0.0.0:9091 (the component's ports), which the harness never hands out (ports.py: ≥ 10000).
@@ -33,6 +34,7 @@ import socket
 import sqlite3
 import ssl
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -106,8 +108,7 @@ class NodeTest:
         while the apiserver is down too): (time, text)."""
         meta = pod["metadata"]
         directory = (
-            self.plane.directory
-            / "node"
+            self.plane.node_named(pod["spec"]["nodeName"]).directory
             / "pod-logs"
             / f"{meta['namespace']}_{meta['name']}_{meta['uid']}"
             / container
@@ -131,10 +132,28 @@ class NodeTest:
         return found
 
 
-def _metric(name: str, labels: dict[str, str] | None = None) -> float:
-    """Sum of the samples of ``name`` with ``labels`` on the pod's metrics port."""
-    with urllib.request.urlopen(METRICS, timeout=5) as answer:
-        text = answer.read().decode()
+def _metrics_text(node: node_module.Node | None) -> str:
+    """The metrics of the pod on ``node`` (None: the first node): on the second one, read
+    from inside its network namespace, where the pod's metrics port is."""
+    if node is None or node.netns is None:
+        with urllib.request.urlopen(METRICS, timeout=5) as answer:
+            return str(answer.read().decode())
+    read = f"import urllib.request; print(urllib.request.urlopen({METRICS!r}, timeout=5).read().decode())"
+    return subprocess.run(
+        node.inside([sys.executable, "-c", read]),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout
+
+
+def _metric(
+    name: str, labels: dict[str, str] | None = None, *, node: node_module.Node | None = None
+) -> float:
+    """Sum of the samples of ``name`` with ``labels`` on the pod's metrics port (the pod on
+    ``node``, by default the first node's)."""
+    text = _metrics_text(node)
     total = 0.0
     for line in text.splitlines():
         series, _, value = line.rpartition(" ")
@@ -245,11 +264,13 @@ def _kustomization(
     resources: tuple[str, ...] = MANAGER_RESOURCES,
     warmwatch_tag: str = "dev",
     old_release: bool = False,
+    kind: str = "StatefulSet",
 ) -> Path:
-    """The last layer: the controller ``app`` (a tree in tests/node) with the machine's
-    component and the short-lived token, the namespace, the apiserver's port, the
-    --resource flags, a local PV, and the sidecar's image tag. ``old_release``: the sidecar's
-    flags and the kubeconfig as the component had them before ``--cert-dir``
+    """The last layer: the controller ``app`` (a tree in tests/node, a ``kind``) with the
+    machine's component and the short-lived token, the namespace, the apiserver's port, the
+    --resource flags, the sidecar's image tag, and for a StatefulSet a local PV and the node
+    it is on (``nodeName``: a plane with one node has no scheduler). ``old_release``: the
+    sidecar's flags and the kubeconfig as the component had them before ``--cert-dir``
     (``OLD_RELEASE_KUBECONFIG``), which an older image needs."""
     directory = test.workdir / "deploy"
     volume = test.workdir / "volume"
@@ -259,17 +280,18 @@ def _kustomization(
     (directory / "pv.yaml").write_text(json.dumps(_local_volume(volume)))
     sidecar_env = {
         "apiVersion": "apps/v1",
-        "kind": "StatefulSet",
+        "kind": kind,
         "metadata": {"name": "any"},
         "spec": {
             "template": {
                 "spec": {
+                    **({"nodeName": node_module.NODE_NAME} if kind == "StatefulSet" else {}),
                     "initContainers": [
                         {
                             "name": "warmwatch",
                             "env": [{"name": "KUBERNETES_SERVICE_PORT", "value": str(port)}],
                         }
-                    ]
+                    ],
                 }
             }
         },
@@ -290,7 +312,7 @@ def _kustomization(
             "value": ["--client-auth=none"],
         }
         release = [
-            {"target": {"kind": "StatefulSet"}, "patch": json.dumps([args])},
+            {"target": {"kind": kind}, "patch": json.dumps([args])},
             {
                 "target": {"kind": "ConfigMap", "name": "warmwatch-kubeconfig"},
                 "patch": json.dumps(
@@ -310,16 +332,19 @@ def _kustomization(
                 "apiVersion": "kustomize.config.k8s.io/v1beta1",
                 "kind": "Kustomization",
                 "namespace": NAMESPACE,
-                "resources": [os.path.relpath(TREES / app, directory), "pv.yaml"],
+                "resources": [
+                    os.path.relpath(TREES / app, directory),
+                    *(["pv.yaml"] if kind == "StatefulSet" else []),
+                ],
                 "components": [
                     os.path.relpath(TREES / "machine", directory),
                     os.path.relpath(TREES / "short-token", directory),
                 ],
                 "images": [{"name": "localhost/warmwatch", "newTag": warmwatch_tag}],
                 "patches": [
-                    {"target": {"kind": "StatefulSet"}, "patch": json.dumps(sidecar_env)},
+                    {"target": {"kind": kind}, "patch": json.dumps(sidecar_env)},
                     *release,
-                    {"target": {"kind": "StatefulSet"}, "patch": json.dumps(resource)},
+                    {"target": {"kind": kind}, "patch": json.dumps(resource)},
                 ],
             }
         )
@@ -820,12 +845,101 @@ def test_kube_controller_manager_in_an_image(node_test: NodeTest) -> None:
     assert _metric("warmwatch_upstream_relists_total") == relists
 
 
+def _deployment_pods(test: NodeTest) -> list[dict[str, Any]]:
+    found = test.kubectl("get", "pods", "-n", NAMESPACE, "-l", "app=crmanager", "-o", "json")
+    return list(json.loads(found.stdout)["items"])
+
+
+def _synced_deployment_pod(test: NodeTest, *, not_uid: str = "") -> dict[str, Any]:
+    """The Deployment's pod (not ``not_uid``) once its manager has printed ``synced``."""
+
+    def synced() -> dict[str, Any] | None:
+        for pod in _deployment_pods(test):
+            started = pod["spec"].get("nodeName") and pod["status"].get("containerStatuses")
+            if pod["metadata"]["uid"] != not_uid and started and test.manager_lines(pod, "synced"):
+                return pod
+        return None
+
+    found: dict[str, Any] = _wait(synced, what="Deployment's manager synced", timeout=POD_TIMEOUT)
+    return found
+
+
+def _configmap_count(test: NodeTest) -> int:
+    return len(test.kubectl("get", "configmaps", "-n", NAMESPACE, "-o", "name").stdout.split())
+
+
+def test_rollout_seeds_the_new_pod(node_test: NodeTest) -> None:
+    """``kubectl rollout restart`` of a Deployment with the component: the new pod's sidecar
+    starts on an empty ``emptyDir``, seeds it from the old pod's sidecar (found through the
+    apiserver from its own pod, over TLS, proven the same service account), and its manager
+    syncs from the seed — no list of the collections — then follows new objects by watch.
+
+    One node cannot hold both pods of the rollout: they are hostNetwork pods of one template,
+    with the same host ports. So a second node joins the plane (``up --second-node``: its own
+    kubelet and containerd in a network namespace of their own, joined to the first by relays;
+    loadtest/node.py) and kube-scheduler runs; the old pod is on one node, and the scheduler
+    puts the new one on the other, where the ports are free, as in a cluster."""
+    test = node_test
+    _remove_deployment(test, "kcm")
+    test.kubectl("delete", "jobs", "--all", "-n", NAMESPACE, "--wait=true")
+    test.plane.up(second_node=True)
+    second = test.plane.node_named(node_module.SECOND_NODE_NAME)
+    for image in (images.WARMWATCH_IMAGE, CRMANAGER_IMAGE):
+        second.load_image(image)
+    directory = _kustomization(test, app="crmanager-deployment", kind="Deployment")
+    test.kubectl("apply", "-f", "-", stdin=test.kubectl("kustomize", str(directory)).stdout)
+    old = _synced_deployment_pod(test)
+    old_node = test.plane.node_named(old["spec"]["nodeName"])
+    cold = _seconds_to_synced(test, old)
+    assert _metric("warmwatch_upstream_relists_total", node=old_node) == 2  # cold: both
+    asyncio.run(_create_configmaps(test, count=10, prefix="before-rollout", labelled=False))
+
+    test.kubectl("rollout", "restart", "-n", NAMESPACE, "deployment/crmanager")
+    new = _synced_deployment_pod(test, not_uid=old["metadata"]["uid"])
+    seeded = _seconds_to_synced(test, new)
+    new_node = test.plane.node_named(new["spec"]["nodeName"])
+    assert new_node.name != old_node.name
+    print(
+        f"node: rollout, {_configmap_count(test)} objects: old pod (cold) {cold:.1f}s, "
+        f"new pod (seeded from the old one) {seeded:.1f}s to the manager synced"
+    )
+
+    records = [json.loads(text) for _, text in test.container_log(new, "warmwatch")]
+    peer = f"{old['status']['podIP']}:9091"
+    (installed,) = [r for r in records if r["message"].startswith("seeded ")]
+    assert installed["peer"] == peer and installed["bytes"] > 0
+    print(f"node: {installed['message']}")
+    assert _metric("warmwatch_seedings_total", {"result": "installed"}, node=new_node) == 1
+    assert _metric("warmwatch_seeding_bytes_total", node=new_node) == installed["bytes"]
+    # started from the seed: both collections resumed from the snapshot's resourceVersions,
+    # none listed
+    assert sum("(resumed, configured)" in r["message"] for r in records) == 2
+    assert _metric("warmwatch_upstream_relists_total", node=new_node) == 0
+    assert [r["message"] for r in records if r["level"] in ("WARNING", "ERROR")] == []
+    (synced,) = test.manager_lines(new, "synced")
+    assert synced["count"] == _configmap_count(test)  # the ConfigMaps made after the seed too
+
+    test.kubectl(
+        "rollout",
+        "status",
+        "-n",
+        NAMESPACE,
+        "deployment/crmanager",
+        f"--timeout={POD_TIMEOUT:.0f}s",
+    )
+    assert [p["metadata"]["uid"] for p in _deployment_pods(test)] == [new["metadata"]["uid"]]
+    asyncio.run(_create_configmaps(test, count=1, prefix="after-rollout", labelled=True))
+    assert _wait(
+        lambda: _mirrored(test, "after-rollout-000000"), what="mirror", timeout=EFFECT_TIMEOUT
+    )
+
+
 def test_down_leaves_nothing_behind(node_test: NodeTest) -> None:
     """``down``: no process, mount, cgroup directory, system path or iptables rule of the
     node is left on the machine."""
     test = node_test
     test.plane.down()
     assert list(test.plane._ours()) == []
-    assert test.plane.node.leftovers() == []
+    assert [n.leftovers() for n in test.plane.nodes()] == [[], []]
     assert node_module.iptables_rules() == test.iptables_before
     assert all(map(_port_free, (8001, 9090, 9091)))
