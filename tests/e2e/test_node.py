@@ -919,15 +919,13 @@ def test_rollout_seeds_the_new_pod(node_test: NodeTest) -> None:
     (synced,) = test.manager_lines(new, "synced")
     assert synced["count"] == _configmap_count(test)  # the ConfigMaps made after the seed too
 
-    test.kubectl(
-        "rollout",
-        "status",
-        "-n",
-        NAMESPACE,
-        "deployment/crmanager",
-        f"--timeout={POD_TIMEOUT:.0f}s",
+    # the rollout ends with the old pod gone (`rollout status` may return while it is still
+    # terminating: a ReplicaSet does not count terminating pods)
+    _wait(
+        lambda: [p["metadata"]["uid"] for p in _deployment_pods(test)] == [new["metadata"]["uid"]],
+        what="the old pod gone",
+        timeout=POD_TIMEOUT,
     )
-    assert [p["metadata"]["uid"] for p in _deployment_pods(test)] == [new["metadata"]["uid"]]
     asyncio.run(_create_configmaps(test, count=1, prefix="after-rollout", labelled=True))
     assert _wait(
         lambda: _mirrored(test, "after-rollout-000000"), what="mirror", timeout=EFFECT_TIMEOUT
