@@ -443,18 +443,9 @@ class ControlPlane:
                 "kubelet": state.second_kubelet_port,
                 "healthz": state.second_kubelet_healthz_port,
             }
-            # The namespace's kubelet and pods reach the apiserver and the first node's pods
-            # at 127.0.0.1; the apiserver (logs, exec) and the first node's pods reach the
-            # second node at its address.
-            relays = [
-                node_module.Relay(address="127.0.0.1", port=state.apiserver_port, inward=False),
-                node_module.Relay(address=name, port=state.second_kubelet_port, inward=True),
-                *(
-                    node_module.Relay(address=address, port=port, inward=address == name)
-                    for port in node_module.PEER_PORTS
-                    for address in (node_module.NODE_NAME, name)
-                ),
-            ]
+            relays = node_module.second_node_relays(
+                apiserver_port=state.apiserver_port, kubelet_port=state.second_kubelet_port
+            )
         node.start(
             pids=state.pids,
             binaries=building.ensure_node_binaries(),

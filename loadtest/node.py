@@ -106,6 +106,21 @@ def _cgroup_dirs() -> list[Path]:
     return found
 
 
+def second_node_relays(*, apiserver_port: int, kubelet_port: int) -> list[Relay]:
+    """What joins the second node to the host: its kubelet and pods reach the apiserver and
+    the first node's pods at ``127.0.0.1``; the apiserver (logs, exec) and the first node's
+    pods reach the second node at its address."""
+    return [
+        Relay(address=NODE_NAME, port=apiserver_port, inward=False),
+        Relay(address=SECOND_NODE_NAME, port=kubelet_port, inward=True),
+        *(
+            Relay(address=address, port=port, inward=address == SECOND_NODE_NAME)
+            for port in PEER_PORTS
+            for address in (NODE_NAME, SECOND_NODE_NAME)
+        ),
+    ]
+
+
 class Node:
     """containerd + kubelet of one control plane directory: the first node (``NODE_NAME``) on
     the host's network, a second one (``SECOND_NODE_NAME``) in a namespace of its own."""
