@@ -240,9 +240,15 @@ class Syncer:
                 logger.info("not learning %s: %d learned shapes already", key, learned)
                 return None
             shape = await self.store.ensure_shape(key, configured=False)
-        if key not in self._tasks:
-            self._run(shape)
+        self._ensure_running(shape)
         return shape
+
+    def _ensure_running(self, shape: Shape) -> None:
+        """Start the shape's reflector unless it runs. A new shape is in the store (where
+        requests find it) from its insert on, and every learner of it resumes after that:
+        a request planned meanwhile waits for its fill before any learner has started it."""
+        if shape.key not in self._tasks:
+            self._run(shape)
 
     def _oversized(self, key: ShapeKey) -> bool:
         return key.selector_bytes > self.settings.max_key_bytes
@@ -254,9 +260,12 @@ class Syncer:
         request through. A refusal by the apiserver raises its UpstreamStatusError (the
         supervisor drops the shape: never cache what the sidecar may not read)."""
         while shape.rv is None:
-            reflector = self.reflectors.get(shape.key)
-            if reflector is None or self.store.shapes.get(shape.key) is not shape:
+            if self.store.shapes.get(shape.key) is not shape:
                 return False  # dropped meanwhile
+            self._ensure_running(shape)
+            reflector = self.reflectors.get(shape.key)
+            if reflector is None:
+                return False  # a configured shape's supervisor restarting it
             fill = reflector.fill
             if fill.state is FillState.REFUSED:
                 assert fill.refusal is not None

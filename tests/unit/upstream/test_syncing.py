@@ -22,7 +22,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from proxy.cache.shapes import ShapeKey
+from proxy.cache.shapes import Shape, ShapeKey
 from proxy.cache.store import Store, StoreSettings
 from proxy.kube.resources import GroupVersionResource
 from proxy.metrics import Metrics
@@ -268,6 +268,36 @@ async def test_two_clients_learning_the_same_shape_get_one_shape(world: Any) -> 
     assert first is second
     assert [s.key for s in store.shapes.values()] == [key("same")]
     assert await syncer.wait_filled(first)
+
+
+async def test_a_request_finding_a_new_shape_before_its_learner_resumed_waits_for_its_fill(
+    world: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new shape is in the store from its insert on, before the client that learned it has
+    resumed to start its reflector. Another client's request planned in between finds the
+    shape unfilled and waits for its fill; it was passed through as if the fill had failed
+    (its list then came from the apiserver, at an RV older than the fill's, and its watch
+    from that RV got 410 from the cache: a relist the apiserver would not have caused)."""
+    _, _, _, make = world
+    syncer = await make()
+    requests: list[asyncio.Task[tuple[bool, bool]]] = []
+    remember = Store._remember
+
+    async def request(shape: Shape) -> tuple[bool, bool]:
+        before_learner = shape.key not in syncer.reflectors
+        return before_learner, await syncer.wait_filled(shape)
+
+    def remember_then_plan(self: Store, row: tuple[Any, ...], *, how: str) -> Shape:
+        shape = remember(self, row, how=how)
+        # Scheduled here, the request runs before the learner's await returns.
+        requests.append(asyncio.create_task(request(shape)))
+        return shape
+
+    monkeypatch.setattr(Store, "_remember", remember_then_plan)
+    shape = await syncer.learn(key("early"))
+    assert shape is not None and len(requests) == 1
+    assert await asyncio.wait_for(requests[0], 10) == (True, True)  # early, and filled
+    assert shape.rv == "100" and len(syncer.reflectors) == 1  # one reflector
 
 
 async def test_store_creates_a_shape_once_under_concurrent_calls(tmp_path: Path) -> None:
