@@ -17,8 +17,11 @@ by --concurrency workers, each on a new connection, as raw bytes:
   random and oversized headers, HTTP/1.0, pipelined requests, invalid chunked bodies, bodies
   shorter than their ``Content-Length``, truncated headers, bad escapes, raw socket garbage.
 
-Each case must get an answer (a status line) or a close within ``CASE_TIMEOUT``; otherwise it
-is a hang. A 5xx from warmwatch is sent again, byte for byte, to the apiserver: it is a
+Each case must get an answer (a status line) or a close within ``HANG_TIMEOUT``, the apiserver's
+own deadline for a request plus a margin; otherwise it is a hang. One answered later than
+``CASE_TIMEOUT`` is slow: it is sent again to the apiserver and the table shows both times (a
+cluster-wide LIST in YAML is one: warmwatch passes it through, and the apiserver renders it
+whole before its status line, seconds per 10,000 objects). A 5xx from warmwatch is sent again, byte for byte, to the apiserver: it is a
 finding unless the apiserver answers that case with a 5xx too (or it is the 504 "Too large
 resource version" both give). warmwatch's RSS is sampled all along, and its log is searched
 for tracebacks and ERROR lines. Prints one markdown table; exits 1 on any finding.
@@ -60,6 +63,12 @@ SIDECAR_FLAGS = ("--header-timeout=5",)
 """A short header deadline, so that truncated headers are closed within the case timeout."""
 
 CASE_TIMEOUT = 15.0
+"""An answer later than this is slow (reported, not a finding): every case but a big LIST the
+apiserver renders itself is answered in well under a second."""
+HANG_TIMEOUT = 75.0
+"""No answer and no close by then is a hang: the apiserver answers or cuts every request that
+is not a watch within its ``--request-timeout`` (60 s), and warmwatch gives up waiting for it
+after as long (``PassthroughSettings.idle_timeout``)."""
 MAX_ANSWER_BYTES = 64 << 20
 """What a case keeps of its answers: pipelined answers are found by their status lines in it,
 so it must hold a whole LIST before the next answer (a cluster-wide LIST of what the other
@@ -84,6 +93,8 @@ class Exchange:
     closed: bool
     hung: bool
     heads: list[bytes]
+    seconds: float
+    """Until the answers' heads arrived or the connection ended."""
     """The start of each answer (status line, headers, the start of the body)."""
 
 
@@ -103,6 +114,8 @@ class Report:
     closed_without_answer: int = 0
     replayed: int = 0
     hangs: list[Finding] = field(default_factory=list)
+    slow: list[Finding] = field(default_factory=list)
+    """Answered after ``CASE_TIMEOUT``; ``what`` gives warmwatch's and the apiserver's time."""
     server_errors: list[Finding] = field(default_factory=list)
     """5xx from warmwatch the apiserver does not give for the same bytes."""
     client_errors_replayed: int = 0
@@ -144,6 +157,7 @@ class Report:
             ),
             ("... answered with another code there", f"{len(self.client_errors_differing):,}"),
             ("hangs", f"{len(self.hangs):,}"),
+            (f"answered after {CASE_TIMEOUT:.0f} s (slow)", f"{len(self.slow):,}"),
             ("tracebacks in warmwatch's log", f"{self.tracebacks:,}"),
             ("ERROR lines in warmwatch's log", f"{len(self.error_lines):,}"),
             (
@@ -155,6 +169,10 @@ class Report:
         lines = ["| fuzz | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)]
         for finding in (self.server_errors + self.client_errors_differing + self.hangs)[:20]:
             lines.append(f"| finding: {finding.kind} | {finding.what}: {finding.request[:300]!r} |")
+        lines.extend(
+            f"| slow: {finding.kind} | {finding.what}: {finding.request[:300]!r} |"
+            for finding in self.slow[:10]
+        )
         lines.extend(f"| log | {line[:300]} |" for line in self.error_lines[:20])
         return lines
 
@@ -501,17 +519,18 @@ async def exchange(
     host: str, port: int, case: Case, *, tls: ssl.SSLContext | None = None
 ) -> Exchange:
     """Send the case on a new connection; read until its answers' heads arrive, the server
-    closes, or ``CASE_TIMEOUT`` passes (a hang)."""
+    closes, or ``HANG_TIMEOUT`` passes (a hang)."""
     buffer = b""
     statuses: list[int] = []
     closed = False
-    deadline = time.monotonic() + CASE_TIMEOUT
+    began = time.monotonic()
+    deadline = began + HANG_TIMEOUT
     try:
         reader, writer = await asyncio.wait_for(
             asyncio.open_connection(host, port, ssl=tls, limit=1 << 22), CASE_TIMEOUT
         )
     except (OSError, TimeoutError):
-        return Exchange(statuses=[], closed=True, hung=False, heads=[])
+        return Exchange(statuses=[], closed=True, hung=False, heads=[], seconds=0.0)
     try:
         writer.write(case.data)
         await asyncio.wait_for(writer.drain(), CASE_TIMEOUT)
@@ -545,7 +564,9 @@ async def exchange(
     heads = [buffer[m.start() : end][:4000] for m, end in zip(matches, ends, strict=True)]
     statuses = [int(m.group(1)) for m in matches]
     hung = not closed and len(statuses) < case.answers
-    return Exchange(statuses=statuses, closed=closed, hung=hung, heads=heads)
+    return Exchange(
+        statuses=statuses, closed=closed, hung=hung, heads=heads, seconds=time.monotonic() - began
+    )
 
 
 def expected_server_error(head: bytes) -> bool:
@@ -625,6 +646,10 @@ async def run(
                 report.closed_without_answer += 1
             if got.hung:
                 report.hangs.append(Finding(case.kind, "no answer, no close", case.data))
+            elif got.seconds > CASE_TIMEOUT:
+                direct = await exchange(*apiserver, case, tls=apiserver_tls)
+                what = f"warmwatch {got.seconds:.1f} s, apiserver {direct.seconds:.1f} s"
+                report.slow.append(Finding(case.kind, what, case.data))
             unexpected = [
                 i
                 for i, (status, head) in enumerate(zip(got.statuses, got.heads, strict=True))

@@ -1,7 +1,8 @@
 """Hostile input (loadtest/fuzz.py), bounded: 20,000 random requests, malformed HTTP and raw
 garbage at warmwatch in front of the real apiserver, with cached shapes. No 5xx the apiserver
 does not give for the same bytes, no 4xx to a collection read that it answers with another
-code, no traceback or ERROR line in warmwatch's log, no hang, and RSS bounded.
+code, no traceback or ERROR line in warmwatch's log, no hang (no answer and no close within the
+apiserver's own request deadline plus a margin), and RSS bounded.
 ``python -m loadtest.fuzz --requests N`` is the longer run."""
 
 from __future__ import annotations
