@@ -17,14 +17,15 @@ by --concurrency workers, each on a new connection, as raw bytes:
   random and oversized headers, HTTP/1.0, pipelined requests, invalid chunked bodies, bodies
   shorter than their ``Content-Length``, truncated headers, bad escapes, raw socket garbage.
 
-Each case must get an answer (a status line) or a close within ``HANG_TIMEOUT``, the apiserver's
-own deadline for a request plus a margin; otherwise it is a hang. One answered later than
-``CASE_TIMEOUT`` is slow: it is sent again to the apiserver and the table shows both times (a
-cluster-wide LIST in YAML is one: warmwatch passes it through, and the apiserver renders it
-whole before its status line, seconds per 10,000 objects). A 5xx from warmwatch is sent again, byte for byte, to the apiserver: it is a
-finding unless the apiserver answers that case with a 5xx too (or it is the 504 "Too large
-resource version" both give). warmwatch's RSS is sampled all along, and its log is searched
-for tracebacks and ERROR lines. Prints one markdown table; exits 1 on any finding.
+Each case must get an answer (a status line) or a close within ``HANG_TIMEOUT``, the
+apiserver's own deadline for a request plus a margin; otherwise it is a hang. One answered
+later than ``CASE_TIMEOUT`` is slow: it is sent again to the apiserver and the table shows both
+times (a cluster-wide LIST in YAML is one: warmwatch passes it through, and the apiserver
+renders it whole before its status line, seconds per 10,000 objects). A 5xx from warmwatch is
+sent again, byte for byte, to the apiserver: it is a finding unless the apiserver answers that
+case with a 5xx too (or it is the 504 "Too large resource version" both give). warmwatch's RSS
+is sampled all along, and its log is searched for tracebacks and ERROR lines. Prints one
+markdown table; exits 1 on any finding.
 """
 
 from __future__ import annotations
@@ -93,9 +94,9 @@ class Exchange:
     closed: bool
     hung: bool
     heads: list[bytes]
+    """The start of each answer (status line, headers, the start of the body)."""
     seconds: float
     """Until the answers' heads arrived or the connection ended."""
-    """The start of each answer (status line, headers, the start of the body)."""
 
 
 @dataclass
